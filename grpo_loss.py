@@ -1,0 +1,324 @@
+"""The GRPO objective used by CANOE's Dual-GRPO: group-relative advantages, the clipped surrogate with a k3 KL
+penalty, and per-token log-probabilities that never upcast the whole logits tensor.
+
+Pure tensor functions: no distributed calls, no I/O, no globals. Shape legend used in every comment:
+B prompts, G samples per prompt, N = B·G sequences, T completion positions, V vocabulary.
+
+Equations (GRPO from DeepSeekMath, Shao et al. 2024, Sec. 4.1, eq. 3-4; the constants are those of the CANOE
+original, which trains with TRL's GRPOTrainer of early 2025):
+
+    advantage   A_i     = (r_i - mean(r_group)) / (std(r_group) + eps)       eps = 1e-4, unbiased std
+    ratio       ρ_{i,t} = exp(logp_{i,t} - logp_old_{i,t})
+    surrogate   s_{i,t} = min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1 - ε_low, 1 + ε_high) A_i)      ε_low = ε_high = 0.2
+    KL (k3)     D_{i,t} = exp(ref_{i,t} - logp_{i,t}) - (ref_{i,t} - logp_{i,t}) - 1     β = 0.04
+    token loss  ℓ_{i,t} = -(s_{i,t} - β D_{i,t})
+
+    "seq-mean-token-mean" (the original, DeepSeekMath eq. 3):  L = (1/N) Σ_i (1/|o_i|) Σ_{t ∈ o_i} ℓ_{i,t}
+    "token-mean" (every trained token weighs the same):        L = (1/Σ_i |o_i|) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
+
+where o_i is the set of trained positions of sequence i (its `mask`). k3 is Schulman's unbiased, always
+non-negative estimator of KL(π_θ ‖ π_ref) from samples of π_θ ("Approximating KL Divergence", 2020).
+
+How we differ from the original, and why:
+
+1. Old log-probabilities are an argument. With one update per rollout the original sets the old policy to the
+   current one detached, so ρ ≡ 1 and clipping never acts; ours computes ρ against `old_logprobs` (e.g. vLLM's
+   sampling log-probabilities), which gives the same gradient when they agree and real clipping when they do not.
+   Clipping bounds may differ (ε_low, ε_high, as in DAPO); equal by default.
+2. The trained-token mask is explicit (completion tokens up to and including EOS), never inferred from pad ids.
+3. A sequence with no trained token contributes 0 instead of 0/0 = NaN.
+4. The loss of a batch does not depend on how it is split into micro-batches: `total_sequences` /
+   `total_tokens` put the whole batch's count in the denominator, so micro-batch losses add up to the batch
+   loss. The original averaged per micro-batch, which is exact for seq-mean-token-mean only with equal-sized
+   micro-batches.
+
+Run the tests: `python -m pytest tests/test_grpo_loss.py -q`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "METRIC_REDUCTIONS",
+    "grpo_loss",
+    "group_advantages",
+    "merge_metrics",
+    "summarize_metrics",
+    "token_logprobs",
+]
+
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
+
+# How each raw metric returned by `grpo_loss` combines across micro-batches and ranks: "sum" adds, "min"/"max"
+# keep the extreme. Across ranks, all-reduce each key with the matching op (SUM, MIN, MAX).
+METRIC_REDUCTIONS: dict[str, str] = {
+    "tokens": "sum",  # number of trained (masked) tokens
+    "kl_sum": "sum",  # Σ over trained tokens of the k3 KL estimate
+    "clipped_tokens": "sum",  # trained tokens whose surrogate took the clipped branch (see grpo_loss)
+    "ratio_sum": "sum",  # Σ over trained tokens of ρ
+    "ratio_min": "min",  # min ρ over trained tokens (+inf when there are none)
+    "ratio_max": "max",  # max ρ over trained tokens (-inf when there are none)
+}
+
+
+def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: str = "unbiased") -> Tensor:
+    """Group-relative advantages (DeepSeekMath Sec. 4.1.2, outcome supervision): A = (r - mean) / (std + eps).
+
+    `rewards` is `(N,)` with the G = `group_size` samples of each prompt stored consecutively (prompt 0's
+    samples first). Statistics are taken per group of G. `std` is "unbiased" (divide by G - 1, as torch.std and
+    the original) or "biased" (divide by G). A group whose rewards are all equal carries no signal and gets
+    exactly 0 (not (r - mean) / eps, which float rounding of the mean could make non-zero). Returns a new
+    `(N,)` float tensor; `rewards` is not modified.
+
+    >>> group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0, 2.0, 4.0]), group_size=3, std="biased")
+    tensor([ 0.0000,  0.0000,  0.0000, -1.2247,  0.0000,  1.2247])
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D (N,), got shape {tuple(rewards.shape)}")
+    if group_size < 2:
+        raise ValueError(f"group_size must be at least 2 to compare samples within a group, got {group_size}")
+    if rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"the number of rewards ({rewards.numel()}) is not a multiple of group_size ({group_size})"
+        )
+    if std not in ("unbiased", "biased"):
+        raise ValueError(f'std must be "unbiased" or "biased", got {std!r}')
+    if eps < 0:
+        raise ValueError(f"eps must be non-negative, got {eps}")
+
+    # Integer rewards are promoted to float32 (a new tensor; float inputs keep their dtype).
+    values = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
+    grouped = values.reshape(-1, group_size)  # (B, G)
+    mean = grouped.mean(dim=1, keepdim=True)  # (B, 1)
+    spread = grouped.std(dim=1, keepdim=True, correction=1 if std == "unbiased" else 0)  # (B, 1)
+    advantages = (grouped - mean) / (spread + eps)  # (B, G)
+    constant = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (B, 1)
+    advantages = torch.where(constant, torch.zeros_like(advantages), advantages)  # (B, G)
+    return advantages.reshape(-1)  # (N,)
+
+
+def grpo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    beta: float = 0.04,
+    aggregation: str = "seq-mean-token-mean",
+    total_sequences: float | None = None,
+    total_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped GRPO loss with a β-weighted k3 KL penalty (equations in the module docstring).
+
+    Args:
+        logprobs: `(N, T)` log π_θ of the sampled tokens; the only input that carries gradient.
+        old_logprobs: `(N, T)` log π_old of the same tokens (the sampling policy); treated as a constant.
+        ref_logprobs: `(N, T)` log π_ref of the same tokens, constant; may be None only when `beta == 0`.
+        advantages: `(N,)` one advantage per sequence, constant (see `group_advantages`).
+        mask: `(N, T)`, non-zero exactly at the trained positions: completion tokens including the EOS that
+            ended the completion; zero at prompt and padding. Values outside the mask (even inf or NaN) never
+            reach the loss, its gradient or the metrics.
+        clip_eps_low, clip_eps_high: ρ is clipped to [1 - ε_low, 1 + ε_high].
+        beta: KL weight β.
+        aggregation: "seq-mean-token-mean" or "token-mean".
+        total_sequences: seq-mean-token-mean denominator; default N, the sequences of this call (rows with an
+            empty mask count too: they are completions of the batch that contribute 0).
+        total_tokens: token-mean denominator; default the trained tokens of this call (at least 1).
+
+    Micro-batch contract: split a batch into micro-batches, call this once per micro-batch with
+    `total_sequences` = rows of the whole batch and `total_tokens` = trained tokens of the whole batch (passing
+    both is fine: the one matching `aggregation` is used), and the SUM of the returned losses (and of their
+    gradients) equals the loss of the whole batch in one call. So backpropagate each micro-batch loss as it is
+    and step the optimiser once. Anything that rescales the loss on the way (DeepSpeed divides each micro-batch
+    loss by gradient_accumulation_steps and averages gradients over data-parallel ranks) must be undone by
+    the caller, for example by multiplying the loss back or dividing the totals by the same factors. The totals
+    are not checked against the local counts, to avoid a device sync.
+
+    Returns `(loss, metrics)`: `loss` is a 0-d float32 tensor (float64 for float64 inputs); `metrics` maps the
+    keys of `METRIC_REDUCTIONS` to detached 0-d tensors on the input device. They are sums, counts and
+    extremes, so micro-batches and ranks combine exactly: `merge_metrics` adds them up, `summarize_metrics`
+    turns the total into the logged means. The clip fraction counts trained tokens where the clipped branch
+    of the min is strictly smaller, i.e. where clipping zeroes the policy gradient: A > 0 and ρ > 1 + ε_high,
+    or A < 0 and ρ < 1 - ε_low. The KL metric is computed whenever `ref_logprobs` is given, even if β = 0.
+    """
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be (N, T), got shape {tuple(logprobs.shape)}")
+    N, T = logprobs.shape
+    if N == 0 or T == 0:
+        raise ValueError(f"empty batch: logprobs has shape {tuple(logprobs.shape)}")
+    for name, tensor in (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs), ("mask", mask)):
+        if tensor is not None and tensor.shape != (N, T):
+            raise ValueError(f"{name} must have the shape of logprobs {(N, T)}, got {tuple(tensor.shape)}")
+    if advantages.shape != (N,):
+        raise ValueError(f"advantages must be (N,) = {(N,)}, got {tuple(advantages.shape)}")
+    if ref_logprobs is None and beta != 0:
+        raise ValueError(f"ref_logprobs is required when beta != 0 (beta = {beta})")
+    if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
+        raise ValueError(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    for name, total in (("total_sequences", total_sequences), ("total_tokens", total_tokens)):
+        if total is not None and not total > 0:
+            raise ValueError(f"{name} must be positive, got {total}")
+
+    # Work in at least float32: ratios of bf16 log-probabilities would be too coarse.
+    dtype = torch.promote_types(logprobs.dtype, torch.float32)
+    logp = logprobs.to(dtype)  # (N, T)
+    old = old_logprobs.detach().to(dtype)  # (N, T)
+    A = advantages.detach().to(dtype)[:, None]  # (N, 1)
+    trained = mask != 0  # (N, T) bool
+    weight = trained.to(dtype)  # (N, T)
+
+    # Outside the mask the log-ratio is set to 0 *before* exp: padding log-probabilities can be -inf or garbage,
+    # and inf * 0 would turn into NaN in the loss and its gradient even though those positions are masked out.
+    log_ratio = torch.where(trained, logp - old, 0.0)  # (N, T)
+    ratio = torch.exp(log_ratio)  # (N, T)
+    surrogate = torch.minimum(ratio * A, ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * A)  # (N, T)
+
+    if ref_logprobs is None:
+        kl = torch.zeros_like(logp)  # (N, T)
+    else:
+        ref_log_ratio = torch.where(trained, ref_logprobs.detach().to(dtype) - logp, 0.0)  # (N, T)
+        kl = torch.exp(ref_log_ratio) - ref_log_ratio - 1  # (N, T), k3 estimator, >= 0
+
+    per_token = -surrogate if beta == 0 else -(surrogate - beta * kl)  # (N, T)
+    per_token = torch.where(trained, per_token, 0.0)  # (N, T)
+
+    if aggregation == "seq-mean-token-mean":
+        tokens_per_sequence = weight.sum(dim=1)  # (N,)
+        # clamp: an empty sequence has a zero sum and contributes 0 rather than 0/0.
+        per_sequence = per_token.sum(dim=1) / tokens_per_sequence.clamp(min=1)  # (N,)
+        loss = per_sequence.sum() / (N if total_sequences is None else total_sequences)
+    else:
+        denominator = weight.sum().clamp(min=1) if total_tokens is None else total_tokens
+        loss = per_token.sum() / denominator
+
+    with torch.no_grad():
+        ratio_seen = ratio.detach()  # (N, T)
+        clipped = trained & (
+            ((A > 0) & (ratio_seen > 1 + clip_eps_high)) | ((A < 0) & (ratio_seen < 1 - clip_eps_low))
+        )  # (N, T)
+        inf = torch.tensor(float("inf"), dtype=dtype, device=logp.device)
+        metrics = {
+            "tokens": weight.sum(),
+            "kl_sum": (kl.detach() * weight).sum(),
+            "clipped_tokens": clipped.to(dtype).sum(),
+            "ratio_sum": (ratio_seen * weight).sum(),
+            "ratio_min": torch.where(trained, ratio_seen, inf).amin(),
+            "ratio_max": torch.where(trained, ratio_seen, -inf).amax(),
+        }
+    return loss, metrics
+
+
+def merge_metrics(parts: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Combine the metrics of several `grpo_loss` calls (micro-batches) with the ops of `METRIC_REDUCTIONS`.
+
+    Returns new 0-d tensors; the inputs are not modified. Across ranks, all-reduce each key of the result
+    with the same op (SUM, MIN, MAX) before `summarize_metrics`.
+    """
+    parts = list(parts)
+    if not parts:
+        raise ValueError("merge_metrics needs at least one metrics dict")
+    combine = {"sum": torch.sum, "min": torch.amin, "max": torch.amax}
+    return {
+        key: combine[op](torch.stack([part[key].detach() for part in parts]))
+        for key, op in METRIC_REDUCTIONS.items()
+    }
+
+
+def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
+    """Turn merged metrics into the logged values, each a mean over all trained tokens of the step.
+
+    Keys: `loss/kl` (mean k3 KL), `loss/clip_frac` (fraction of tokens whose surrogate was clipped),
+    `loss/ratio_mean`, `loss/ratio_min`, `loss/ratio_max` (of ρ = π_θ / π_old). With no trained token at all,
+    every value is 0.0 rather than NaN or ±inf.
+    """
+    tokens = float(totals["tokens"])
+    if tokens == 0:
+        return dict.fromkeys(
+            ("loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max"), 0.0
+        )
+    return {
+        "loss/kl": float(totals["kl_sum"]) / tokens,
+        "loss/clip_frac": float(totals["clipped_tokens"]) / tokens,
+        "loss/ratio_mean": float(totals["ratio_sum"]) / tokens,
+        "loss/ratio_min": float(totals["ratio_min"]),
+        "loss/ratio_max": float(totals["ratio_max"]),
+    }
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """log softmax(logits)[token] chunk by chunk, with a hand-written backward that also works chunk by chunk.
+
+    Autograd through `logsumexp(chunk.float())` would keep every chunk's float32 copy alive until the backward
+    pass, i.e. the full float32 logits after all. Saving only the original logits and the `(N, T)` log-normaliser
+    and recomputing each chunk's softmax in backward keeps the float32 working set at one chunk.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, tokens: Tensor, chunk_size: int) -> Tensor:  # type: ignore[override]
+        N, T, V = logits.shape
+        out = torch.empty(N, T, dtype=torch.float32, device=logits.device)  # (N, T)
+        log_normalizer = torch.empty(N, T, dtype=torch.float32, device=logits.device)  # (N, T)
+        for n, start, stop in _chunks(N, T, chunk_size):
+            block = logits[n, start:stop].float()  # (C, V), the only float32 copy alive
+            lse = torch.logsumexp(block, dim=-1)  # (C,)
+            picked = block.gather(-1, tokens[n, start:stop, None]).squeeze(-1)  # (C,)
+            out[n, start:stop] = picked - lse
+            log_normalizer[n, start:stop] = lse
+        ctx.save_for_backward(logits, tokens, log_normalizer)
+        ctx.chunk_size = chunk_size
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        logits, tokens, log_normalizer = ctx.saved_tensors
+        N, T, V = logits.shape
+        grad_out = grad_out.float()  # (N, T)
+        grad_logits = torch.empty(N, T, V, dtype=logits.dtype, device=logits.device)  # (N, T, V)
+        for n, start, stop in _chunks(N, T, ctx.chunk_size):
+            # d log p(token) / d logit_v = 1[v == token] - softmax_v
+            probs = torch.exp(logits[n, start:stop].float() - log_normalizer[n, start:stop, None])  # (C, V)
+            upstream = grad_out[n, start:stop, None]  # (C, 1)
+            block_grad = (-upstream * probs).scatter_add(-1, tokens[n, start:stop, None], upstream)  # (C, V)
+            grad_logits[n, start:stop] = block_grad.to(logits.dtype)
+        return grad_logits, None, None
+
+
+def _chunks(N: int, T: int, chunk_size: int) -> Iterable[tuple[int, int, int]]:
+    """(sequence, start, stop) windows of at most `chunk_size` positions, never crossing a sequence, so that
+    `logits[n, start:stop]` is a view even when `logits` is a non-contiguous slice such as `out[:, :-1]`."""
+    for n in range(N):
+        for start in range(0, T, chunk_size):
+            yield n, start, min(start + chunk_size, T)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, chunk_size: int = 512) -> Tensor:
+    """Log-probability of each given token under its logits: `log_softmax(logits)[n, t, tokens[n, t]]`.
+
+    `logits` `(N, T, V)` (bf16, fp16 or fp32) must already be aligned with `tokens` `(N, T)`: `logits[:, t]`
+    is the distribution that produced `tokens[:, t]` (the caller drops the last position of a causal LM's
+    output and the first token). Returns `(N, T)` float32, differentiable with respect to `logits`.
+
+    Memory: at most `chunk_size` positions × V are upcast to float32 at a time, in forward and in backward;
+    the full float32 `(N, T, V)` copy that `log_softmax(logits.float())` would make is never built. The
+    gradient itself is `(N, T, V)` in the logits' dtype, as for any op on the logits.
+    """
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be (N, T, V), got shape {tuple(logits.shape)}")
+    if tokens.shape != logits.shape[:2]:
+        raise ValueError(f"tokens must be (N, T) = {tuple(logits.shape[:2])}, got {tuple(tokens.shape)}")
+    if tokens.dtype != torch.long:
+        raise ValueError(f"tokens must be int64 (torch.long) ids, got {tokens.dtype}")
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be floating point, got {logits.dtype}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    return _TokenLogprobs.apply(logits, tokens, chunk_size)
