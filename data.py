@@ -1,0 +1,835 @@
+"""Data for CANOE's Dual-GRPO: loading, prompt rendering, per-rank batching, answer matching, synthetic data.
+
+What lives here (SPEC section 2), in reading order:
+
+1. **Loading.** `load_jsonl` reads one JSON object per line,
+   `{"problem": "<context>…</context>\\n\\nQuestion", "solution": "<answer>…</answer>", ...extra fields}`.
+   Extra fields are kept (the driver passes them to the reward functions as keyword arguments). Every bad line
+   is an error naming file, line number and reason: not valid UTF-8, not JSON, not an object, `problem` or
+   `solution` missing or not a string, no `<context>…</context>` block in `problem`, or an empty one. Blank
+   lines are allowed only at the end of the file (so row i is always line i + 1, which is how
+   `prepare_prompts` names dropped rows); a blank line before a record is an error. A file with no records
+   is an error. Nothing is skipped silently. `load_confiqa` maps a ConFiQA-style JSON list onto the same
+   shape; `load_dataset` picks the loader from the file extension.
+2. **Prompts.** `SYSTEM_PROMPT` says what the original CANOE system prompt says (seed 003), except that its
+   example line does not end with a period after `</answer>`: the original's did, which teaches a text that
+   `format_reward` rejects. `prepare_prompts` renders every prompt with the tokenizer's chat template and
+   never truncates (that would cut the `</context>` tag): a prompt longer than `max_prompt_tokens` is either
+   dropped and reported (`on_overflow="drop"`, with a warning) or an error (`on_overflow="error"`).
+3. **Batching.** `PromptSampler` gives each rank its own disjoint slice of every global batch, reshuffles
+   every epoch from (seed, epoch), and saves/restores its position so a resumed run sees exactly the data it
+   had not seen yet.
+4. **Answers.** `answer_span` (same rule as rewards.py) and `exact_match`, the SQuAD-style normalised match
+   that ConFiQA-style evaluation uses, with a guard against negated predictions.
+5. **Synthetic data.** `python data.py synth --out DIR` writes a small faithfulness set in the CANOE paper's
+   four task types (straightforward, multi-hop, inconsistent context, counterfactual), built from the fact
+   tables in `facts.py`. Train and eval use disjoint entities.
+
+Run:
+    python data.py synth --out data/synth [--n 2000] [--eval-share 0.15] [--seed 42]
+    python data.py check data/synth/train.jsonl [--tokenizer models/SmolLM2-135M-Instruct] [--max-prompt-tokens 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import sys
+import unicodedata
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import facts
+
+# --------------------------------------------------------------------------------------------------------------
+# 1. Loading
+# --------------------------------------------------------------------------------------------------------------
+
+CONTEXT_RE = re.compile(r"<context>(.*?)</context>", re.DOTALL)
+REQUIRED_FIELDS = ("problem", "solution")
+_MAX_LISTED = 20  # error messages list at most this many bad lines/rows, then a count
+
+
+class DataError(ValueError):
+    """A data file or row that cannot be used; the message names the file, the line and the reason."""
+
+
+def _problem_reason(problem: str) -> str | None:
+    """Why `problem` cannot be used (no context block, empty context), or None if it can."""
+    match = CONTEXT_RE.search(problem)
+    if match is None:
+        return "'problem' has no <context>...</context> block"
+    if not match.group(1).strip():
+        # The length reward needs a non-empty context, and a faithfulness item without one teaches nothing.
+        return "'problem' has an empty <context></context> block"
+    return None
+
+
+def _record_reason(record: Any) -> str | None:
+    """Why a parsed JSON value is not a usable record, or None if it is."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    for name in REQUIRED_FIELDS:
+        if name not in record:
+            return f"missing field '{name}'"
+        if not isinstance(record[name], str):
+            return f"field '{name}' must be a string, got {type(record[name]).__name__}"
+    return _problem_reason(record["problem"])
+
+
+def _raise_collected(path: Path, errors: list[str], what: str) -> None:
+    """Raise one DataError listing every collected error (the first _MAX_LISTED, then a count)."""
+    if not errors:
+        return
+    listed = "\n  ".join(errors[:_MAX_LISTED])
+    more = f"\n  ... and {len(errors) - _MAX_LISTED} more" if len(errors) > _MAX_LISTED else ""
+    raise DataError(f"{path}: {len(errors)} malformed {what}:\n  {listed}{more}")
+
+
+def _read_bytes(path: str | Path) -> tuple[Path, bytes]:
+    path = Path(path)
+    try:
+        return path, path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: data file not found") from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read data file ({err.strerror or err})") from err
+
+
+def load_jsonl(path: str | Path) -> list[dict]:
+    """Load a JSONL file of {problem, solution, ...} records; raise DataError naming every bad line.
+
+    Blank (whitespace-only) lines are allowed only after the last record. Extra fields are kept as they are.
+    """
+    path, raw = _read_bytes(path)
+    # bytes.splitlines splits on \\n, \\r\\n and \\r only; str.splitlines would also split inside JSON strings
+    # holding U+2028 and similar characters, which JSON allows unescaped.
+    lines = raw.splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if lines and lines[0].startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark some editors write
+        lines[0] = lines[0][3:]
+    if not lines:
+        raise DataError(f"{path}: no records (the file is empty or only blank lines)")
+    records: list[dict] = []
+    errors: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        where = f"{path}:{number}"
+        if not line.strip():
+            errors.append(f"{where}: blank line (blank lines are allowed only at the end of the file)")
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            errors.append(f"{where}: not valid UTF-8")
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as err:
+            errors.append(f"{where}: not valid JSON ({err.msg} at column {err.colno})")
+            continue
+        reason = _record_reason(record)
+        if reason is not None:
+            errors.append(f"{where}: {reason}")
+            continue
+        records.append(record)
+    _raise_collected(path, errors, "line(s)")
+    return records
+
+
+# ConFiQA-style files are one JSON list of objects, each with a question, a context and an answer. Which context
+# and answer fields are used is the "variant": the counterfactual pair (the ConFiQA task), the original pair,
+# or plain names. With variant=None the first variant whose two fields are in the first object is used, and then
+# every object must have them.
+CONFIQA_VARIANTS: dict[str, tuple[str, str]] = {
+    "counterfactual": ("cf_context", "cf_answer"),
+    "original": ("orig_context", "orig_answer"),
+    "plain": ("context", "answer"),
+}
+CONFIQA_QUESTION = "question"
+
+
+def load_confiqa(path: str | Path, variant: str | None = None) -> list[dict]:
+    """Load a JSON list of ConFiQA-style objects as {problem, solution, ...} records.
+
+    problem = "<context>{context}</context>\\n\\n{question}", solution = "<answer>{answer}</answer>", with the
+    context/answer fields given by `variant` (see CONFIQA_VARIANTS). The question, context and answer fields are
+    consumed; every other field (e.g. the other variant's answer, alias lists) is kept. Errors name the item
+    index (0-based).
+    """
+    if variant is not None and variant not in CONFIQA_VARIANTS:
+        raise ValueError(f"unknown ConFiQA variant {variant!r}; choose from {sorted(CONFIQA_VARIANTS)}")
+    path, raw = _read_bytes(path)
+    try:
+        items = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not valid UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(items, list):
+        raise DataError(f"{path}: expected a JSON list of objects, got {type(items).__name__}")
+    if not items:
+        raise DataError(f"{path}: no records (the list is empty)")
+    if variant is None:
+        first = items[0] if isinstance(items[0], dict) else {}
+        variant = next((name for name, fields in CONFIQA_VARIANTS.items() if all(f in first for f in fields)), None)
+        if variant is None:
+            options = ", ".join(f"{name}: {c}/{a}" for name, (c, a) in CONFIQA_VARIANTS.items())
+            raise DataError(f"{path}: item 0 has none of the known context/answer field pairs ({options})")
+    context_field, answer_field = CONFIQA_VARIANTS[variant]
+    records: list[dict] = []
+    errors: list[str] = []
+    for index, item in enumerate(items):
+        where = f"{path}: item {index}"
+        if not isinstance(item, dict):
+            errors.append(f"{where}: expected a JSON object, got {type(item).__name__}")
+            continue
+        bad = [f for f in (CONFIQA_QUESTION, context_field, answer_field) if not isinstance(item.get(f), str)]
+        if bad:
+            errors.append(f"{where}: field(s) {', '.join(repr(f) for f in bad)} missing or not a string")
+            continue
+        context = item[context_field]
+        if "<context>" in context or "</context>" in context:
+            # A tag inside the context would end the block early and cut the passage.
+            errors.append(f"{where}: '{context_field}' contains a <context> tag")
+            continue
+        taken = {f for f in REQUIRED_FIELDS if f in item}
+        if taken:
+            errors.append(f"{where}: already has field(s) {sorted(taken)}, which the mapping would overwrite")
+            continue
+        problem = f"<context>{context}</context>\n\n{item[CONFIQA_QUESTION]}"
+        reason = _problem_reason(problem)
+        if reason is not None:
+            errors.append(f"{where}: {reason} (from '{context_field}')")
+            continue
+        rest = {k: v for k, v in item.items() if k not in (CONFIQA_QUESTION, context_field, answer_field)}
+        records.append({"problem": problem, "solution": f"<answer>{item[answer_field]}</answer>", **rest})
+    _raise_collected(path, errors, "item(s)")
+    return records
+
+
+def load_dataset(path: str | Path, confiqa_variant: str | None = None) -> list[dict]:
+    """Load `.jsonl` with `load_jsonl` and `.json` (a ConFiQA-style list) with `load_confiqa`."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".jsonl":
+        return load_jsonl(path)
+    if suffix == ".json":
+        return load_confiqa(path, confiqa_variant)
+    raise DataError(f"{path}: unknown data file type {suffix!r} (expected .jsonl or a ConFiQA-style .json)")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 2. Prompts
+# --------------------------------------------------------------------------------------------------------------
+
+# The meaning of CANOE's system prompt (seed 003). The example line ends with "</answer>" and no period: the
+# original's trailing period shows the model a text that format_reward (SPEC section 3) rejects.
+SYSTEM_PROMPT = (
+    "A conversation between User and Assistant. The user gives an instruction that consists of two parts: "
+    "a passage and the actual instruction, separated by two newline characters.\n\n"
+    "The passage is provided within <context> and </context> tags. The Assistant needs to refer to the given "
+    "passage and complete the instruction.\n\n"
+    "The response must be structured and include the following three sections:\n"
+    "- Reasoning Process: <think>reasoning process</think>\n"
+    "- Long Answer: <long_answer>detailed answer in complete sentences</long_answer>\n"
+    "- Short Answer: <answer>concise answer</answer>"
+)
+
+OVERFLOW_RULES = ("drop", "error")
+
+
+def build_messages(problem: str) -> list[dict]:
+    """The chat for one prompt: the system prompt, then the problem as the user message."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem}]
+
+
+def render_prompt(tokenizer: Any, problem: str) -> str:
+    """The prompt text the model sees: the chat template applied, ending with the assistant's turn opener."""
+    return tokenizer.apply_chat_template(build_messages(problem), add_generation_prompt=True, tokenize=False)
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """A prompt longer than the limit. `index` is its 0-based position in the rows given to prepare_prompts
+    (for rows from load_jsonl that is line `index + 1`); `row_id` is the row's own "id" field, if any."""
+
+    index: int
+    row_id: Any
+    num_tokens: int
+
+    def describe(self) -> str:
+        name = f"row {self.index}" + (f" (id {self.row_id})" if self.row_id is not None else "")
+        return f"{name}: {self.num_tokens} tokens"
+
+
+@dataclass(frozen=True)
+class PromptReport:
+    """What prepare_prompts did: how many prompts were kept, which ones overflowed, and token-length stats."""
+
+    total: int
+    kept: int
+    max_prompt_tokens: int
+    on_overflow: str
+    overflow: tuple[Overflow, ...]
+    min_tokens: int  # over all prompts, kept or not
+    mean_tokens: float
+    max_tokens: int
+
+    def summary(self) -> str:
+        text = (
+            f"{self.total - len(self.overflow)}/{self.total} prompts within max_prompt_tokens="
+            f"{self.max_prompt_tokens}; prompt tokens min {self.min_tokens}, mean {self.mean_tokens:.1f}, "
+            f"max {self.max_tokens}"
+        )
+        if self.overflow:
+            listed = "; ".join(o.describe() for o in self.overflow[:_MAX_LISTED])
+            more = f"; ... and {len(self.overflow) - _MAX_LISTED} more" if len(self.overflow) > _MAX_LISTED else ""
+            action = "dropped" if self.on_overflow == "drop" else "rejected"
+            text += f"\n{len(self.overflow)} prompt(s) over the limit, {action} (never truncated): {listed}{more}"
+        return text
+
+
+class PromptOverflowWarning(UserWarning):
+    """Some prompts were longer than max_prompt_tokens and were dropped."""
+
+
+def prepare_prompts(
+    tokenizer: Any, rows: Sequence[dict], max_prompt_tokens: int, on_overflow: str = "drop"
+) -> tuple[list[dict], PromptReport]:
+    """Render and tokenize every row's prompt; keep those within `max_prompt_tokens`.
+
+    A prompt is never truncated: cutting it would cut the `</context>` tag (and the question after it). Rows
+    over the limit are handled by `on_overflow`: "drop" removes them and warns (PromptOverflowWarning) with their
+    indices and ids; "error" raises DataError naming them. If every row overflows, that is a DataError either way.
+    Each kept row is a new dict (the input rows are not modified) with `prompt` (the rendered text) and
+    `prompt_ids` (its token ids) set, replacing any fields of those names.
+    """
+    if on_overflow not in OVERFLOW_RULES:
+        raise ValueError(f"on_overflow must be one of {OVERFLOW_RULES}, got {on_overflow!r}")
+    if max_prompt_tokens < 1:
+        raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
+    if not rows:
+        raise DataError("no rows to prepare")
+    texts = [render_prompt(tokenizer, row["problem"]) for row in rows]
+    # The chat template already writes every special token (BOS included where the model has one); letting the
+    # tokenizer add its own would double them and make the count wrong.
+    all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    kept: list[dict] = []
+    overflow: list[Overflow] = []
+    for index, (row, text, ids) in enumerate(zip(rows, texts, all_ids)):
+        if len(ids) > max_prompt_tokens:
+            overflow.append(Overflow(index=index, row_id=row.get("id"), num_tokens=len(ids)))
+        else:
+            kept.append({**row, "prompt": text, "prompt_ids": list(ids)})
+    lengths = [len(ids) for ids in all_ids]
+    report = PromptReport(
+        total=len(rows),
+        kept=len(kept),
+        max_prompt_tokens=max_prompt_tokens,
+        on_overflow=on_overflow,
+        overflow=tuple(overflow),
+        min_tokens=min(lengths),
+        mean_tokens=sum(lengths) / len(lengths),
+        max_tokens=max(lengths),
+    )
+    if overflow and (on_overflow == "error" or not kept):
+        rule = "on_overflow='error'" if on_overflow == "error" else "every prompt is over the limit"
+        raise DataError(f"prompts longer than max_prompt_tokens ({rule}):\n{report.summary()}")
+    if overflow:
+        warnings.warn(report.summary(), PromptOverflowWarning, stacklevel=2)
+    return kept, report
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 3. Batching
+# --------------------------------------------------------------------------------------------------------------
+
+
+class PromptSampler:
+    """Row indices for one rank, one batch at a time, epoch after epoch.
+
+    Every epoch is a permutation of range(num_rows) drawn from (seed, epoch) alone, so every rank computes the
+    same order without communicating. A global batch is the next `batch_size * world_size` rows of that order;
+    rank r takes the r-th slice of `batch_size`, so the ranks' batches are disjoint and together cover the global
+    batch. With drop_last=True the rows left over at the end of an epoch (fewer than a global batch) are skipped
+    for that epoch (the next permutation differs, so no row is skipped every time). With drop_last=False the last
+    global batch is filled up with rows from the start of the same epoch's order, so every rank still gets
+    `batch_size` rows (ranks must take the same number of steps).
+
+    `position` counts the global batches already taken in the current epoch; `state_dict()` saves
+    (epoch, position) and `load_state_dict()` restores it, so a resumed run continues with exactly the batches
+    the interrupted one had not taken. The state also holds num_rows, seed, global batch size and drop_last, and
+    loading refuses a state from a different setup. It may be loaded with a different world_size as long as
+    the global batch size is the same.
+    """
+
+    def __init__(
+        self, num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, drop_last: bool = True
+    ) -> None:
+        if num_rows < 1 or batch_size < 1 or world_size < 1:
+            raise ValueError(f"need num_rows, batch_size, world_size >= 1; got {num_rows}, {batch_size}, {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+        self.num_rows = num_rows
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_last = drop_last
+        self.global_batch_size = batch_size * world_size
+        if drop_last:
+            self.steps_per_epoch = num_rows // self.global_batch_size
+            if self.steps_per_epoch == 0:
+                raise ValueError(
+                    f"{num_rows} rows cannot fill one global batch of {self.global_batch_size} "
+                    f"(batch_size {batch_size} x world_size {world_size}) with drop_last=True"
+                )
+        else:
+            self.steps_per_epoch = math.ceil(num_rows / self.global_batch_size)
+        self.epoch = 0
+        self.position = 0
+        self._order_epoch = -1
+        self._order: list[int] = []
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """The permutation of row indices for `epoch` (the same on every rank)."""
+        order = list(range(self.num_rows))
+        # A string seed is hashed with SHA-512 by `random`, so the order is the same in every process and run.
+        random.Random(f"prompt-sampler:{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next_batch(self) -> list[int]:
+        """This rank's `batch_size` row indices for the next step, moving to the next epoch when one ends."""
+        if self.position == self.steps_per_epoch:
+            self.epoch += 1
+            self.position = 0
+        if self._order_epoch != self.epoch:
+            self._order, self._order_epoch = self.epoch_order(self.epoch), self.epoch
+        start = self.position * self.global_batch_size + self.rank * self.batch_size
+        # The modulo only wraps in the last, padded batch of a drop_last=False epoch.
+        batch = [self._order[(start + i) % self.num_rows] for i in range(self.batch_size)]
+        self.position += 1
+        return batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self
+
+    def __next__(self) -> list[int]:
+        return self.next_batch()
+
+    def state_dict(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "num_rows": self.num_rows,
+            "seed": self.seed,
+            "global_batch_size": self.global_batch_size,
+            "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved state (not modified); refuse one saved with a different data or batch setup."""
+        for key in ("num_rows", "seed", "global_batch_size", "drop_last"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"sampler state has {key}={state[key]!r}, this sampler has {getattr(self, key)!r}")
+        if not 0 <= state["position"] <= self.steps_per_epoch or state["epoch"] < 0:
+            raise ValueError(f"sampler state epoch={state['epoch']}, position={state['position']} is out of range")
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 4. Answers
+# --------------------------------------------------------------------------------------------------------------
+
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
+_CONTRACTION_RE = re.compile(r"n['\u2019]t\b")
+# Negation words, with the apostrophe-less forms that punctuation removal turns "don't" into.
+NEGATION_WORDS = frozenset(
+    "no not never none nothing nobody nowhere neither nor cannot "
+    "dont doesnt didnt isnt arent wasnt werent cant couldnt wont wouldnt shouldnt hasnt havent hadnt aint".split()
+)
+
+
+def answer_span(text: str) -> str:
+    """The first <answer>…</answer> content (DOTALL), stripped; the whole text stripped if there is none.
+
+    >>> answer_span("<think>x</think> <answer> Paris </answer>")
+    'Paris'
+    >>> answer_span(" Lyon ")
+    'Lyon'
+    """
+    match = ANSWER_RE.search(text)
+    return (match.group(1) if match else text).strip()
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD-style normalisation: lowercase, drop punctuation, drop articles a/an/the, collapse whitespace.
+
+    Punctuation is every Unicode punctuation character (so curly quotes go too), a superset of SQuAD's ASCII set.
+
+    >>> normalize_answer("  The  Eiffel-Tower! ")
+    'eiffeltower'
+    """
+    lowered = text.lower()
+    no_punct = "".join(ch for ch in lowered if not unicodedata.category(ch).startswith("P"))
+    return " ".join(_ARTICLES_RE.sub(" ", no_punct).split())
+
+
+def _has_negation(text: str) -> bool:
+    if _CONTRACTION_RE.search(text.lower()):
+        return True
+    return any(word in NEGATION_WORDS for word in normalize_answer(text).split())
+
+
+def exact_match(prediction: Any, gold: str | Iterable[str], contains: bool = False) -> bool:
+    """Normalised match of `prediction` against `gold` (one answer or several aliases; any may match).
+
+    contains=False: the normalised strings are equal (ConFiQA/SQuAD exact match).
+    contains=True: the gold's normalised words appear as a contiguous run of the prediction's words (the
+    "answer appears in the response" reading of a long prediction).
+    Negation guard, in both modes: a prediction with a negation word (no, not, never, none, n't, ...) fails
+    unless that gold has one too, so "It is not Paris" never matches "Paris". An empty gold never matches;
+    a non-string prediction is False.
+
+    >>> exact_match("The Paris.", "paris")
+    True
+    >>> exact_match("I think it is Paris", "Paris", contains=True)
+    True
+    >>> exact_match("It isn't Paris", "Paris", contains=True)
+    False
+    """
+    if not isinstance(prediction, str):
+        return False
+    golds = [gold] if isinstance(gold, str) else [g for g in gold if isinstance(g, str)]
+    negated = _has_negation(prediction)
+    words = normalize_answer(prediction).split()
+    for candidate in golds:
+        gold_words = normalize_answer(candidate).split()
+        if not gold_words or (negated and not _has_negation(candidate)):
+            continue
+        if not contains and words == gold_words:
+            return True
+        n = len(gold_words)
+        if contains and any(words[i : i + n] == gold_words for i in range(len(words) - n + 1)):
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 5. Synthetic faithfulness data (the CANOE paper's four task types)
+# --------------------------------------------------------------------------------------------------------------
+
+TASKS = ("straightforward", "multi_hop", "inconsistent", "counterfactual")
+
+# relation: (statement, question). {s} subject, {o} value, {a} "a"/"an" for {o}. Questions start lowercase so
+# "According to passage 2, " can go in front of them.
+RELATIONS: dict[str, tuple[str, str]] = {
+    "capital": ("The capital of {s} is {o}.", "what is the capital of {s}?"),
+    "currency": ("The currency of {s} is the {o}.", "what is the currency of {s}?"),
+    "language": ("Most people in {s} speak {o}.", "what language do most people in {s} speak?"),
+    "city_country": ("{s} is a city in {o}.", "which country is {s} in?"),
+    "symbol": ("The chemical symbol of {s} is {o}.", "what is the chemical symbol of {s}?"),
+    "author": ("{s} was written by {o}.", "who wrote {s}?"),
+    "orbits": ("{s} is a moon of {o}.", "which planet does {s} orbit?"),
+    "headquarters": ("{s} is headquartered in {o}.", "in which city is {s} headquartered?"),
+    "birthplace": ("{s} was born in {o}.", "where was {s} born?"),
+    "profession": ("{s} works as {a} {o}.", "what is {s}'s profession?"),
+    "employer": ("{s} works for {o}.", "which company does {s} work for?"),
+    "residence": ("{s} lives in {o}.", "which country does {s} live in?"),
+    "favourite_book": ("{s}'s favourite book is {o}.", "what is {s}'s favourite book?"),
+}
+# Relations with a real-world truth; only these can be made counterfactual.
+REAL_WORLD_RELATIONS = ("capital", "currency", "language", "city_country", "symbol", "author", "orbits")
+# Multi-hop chains: subject --first--> bridge --second--> answer.
+CHAINS: dict[str, tuple[str, str, str]] = {
+    "birthplace>city_country": ("birthplace", "city_country", "in which country was {s} born?"),
+    "employer>headquarters": ("employer", "headquarters", "in which city is the company {s} works for headquartered?"),
+    "favourite_book>author": ("favourite_book", "author", "who wrote {s}'s favourite book?"),
+    "residence>capital": ("residence", "capital", "what is the capital of the country where {s} lives?"),
+    "residence>currency": ("residence", "currency", "what is the currency of the country where {s} lives?"),
+    "residence>language": (
+        "residence", "language", "what language do most people speak in the country where {s} lives?"
+    ),
+}
+DEFAULT_N = 2000
+DEFAULT_EVAL_SHARE = 0.15
+DEFAULT_SEED = 42
+ENTITY_EVAL_SHARE = 0.2  # share of each entity table that goes to eval
+PEOPLE_PER_SURNAME = 3
+
+
+def fact_sentence(subject: str, relation: str, value: str) -> str:
+    """The context sentence stating `relation(subject) = value`."""
+    article = "an" if value[:1].lower() in "aeiou" else "a"
+    return RELATIONS[relation][0].format(s=subject, o=value, a=article)
+
+
+def world_fact(relation: str, subject: str) -> str | None:
+    """The real-world value of a relation from facts.py (None for invented or unknown facts)."""
+    if relation in ("capital", "currency", "language") and subject in facts.COUNTRIES:
+        return facts.COUNTRIES[subject][("capital", "currency", "language").index(relation)]
+    if relation == "city_country":
+        for country, (capital, _, _) in facts.COUNTRIES.items():
+            if subject == capital or subject in facts.CITIES.get(country, ()):
+                return country
+        return None
+    table = {"symbol": facts.ELEMENTS, "author": facts.BOOKS, "orbits": facts.MOONS}.get(relation, {})
+    return table.get(subject)
+
+
+class World:
+    """All facts about one split's entities: real ones from facts.py and invented people and companies."""
+
+    def __init__(self, countries: list[str], elements: list[str], books: list[str], moons: list[str],
+                 surnames: list[str], companies: list[str], rng: random.Random) -> None:
+        self.facts: dict[tuple[str, str], str] = {}  # (subject, relation) -> value
+        cities: list[str] = []
+        for country in countries:
+            capital, currency, language = facts.COUNTRIES[country]
+            self._add(country, "capital", capital)
+            self._add(country, "currency", currency)
+            if language is not None:
+                self._add(country, "language", language)
+            for city in (capital, *facts.CITIES.get(country, ())):
+                self._add(city, "city_country", country)
+                cities.append(city)
+        for element in elements:
+            self._add(element, "symbol", facts.ELEMENTS[element])
+        for book in books:
+            self._add(book, "author", facts.BOOKS[book])
+        for moon in moons:
+            self._add(moon, "orbits", facts.MOONS[moon])
+        for company in companies:
+            self._add(company, "headquarters", rng.choice(cities))
+        self.people = [
+            f"{first} {last}" for last in surnames for first in rng.sample(facts.FIRST_NAMES, PEOPLE_PER_SURNAME)
+        ]
+        for person in self.people:
+            self._add(person, "birthplace", rng.choice(cities))
+            self._add(person, "profession", rng.choice(facts.PROFESSIONS))
+            self._add(person, "employer", rng.choice(companies))
+            self._add(person, "residence", rng.choice(countries))
+            self._add(person, "favourite_book", rng.choice(books))
+        self.fact_list = [(s, r, v) for (s, r), v in self.facts.items()]
+        self.by_relation: dict[str, list[tuple[str, str, str]]] = {r: [] for r in RELATIONS}
+        for fact in self.fact_list:
+            self.by_relation[fact[1]].append(fact)
+        # Values a fact may be changed to (counterfactual) or disagree with (inconsistent): the split's own values
+        # of that relation, plus every city for capitals and every planet for moons.
+        self.alternatives = {r: sorted({v for _, _, v in triples}) for r, triples in self.by_relation.items()}
+        self.alternatives["capital"] = sorted(set(cities))
+        self.alternatives["orbits"] = sorted(set(self.alternatives["orbits"]) | set(facts.PLANETS))
+        # Everything this split's questions can be about (subjects and bridges); disjoint from the other split's.
+        self.entities = sorted({s for s, _ in self.facts} | set(cities) | set(countries))
+
+    def _add(self, subject: str, relation: str, value: str) -> None:
+        self.facts[(subject, relation)] = value
+
+    def distractors(self, rng: random.Random, avoid: set[str], relations: Sequence[str | None]) -> list[str]:
+        """One sentence per entry of `relations` (None: any relation), each about a different subject, none
+        naming an entity in `avoid` as subject or value (so no distractor restates or contradicts the item)."""
+        chosen: list[str] = []
+        used = set(avoid)  # a copy: the caller's set is not changed
+        for wanted in relations:
+            relation = wanted if wanted is not None else rng.choice(list(RELATIONS))
+            candidates = [f for f in self.by_relation[relation] if f[0] not in used and f[2] not in used]
+            if not candidates:  # every fact of that relation touches an avoided entity (possible in tiny splits)
+                candidates = [f for f in self.fact_list if f[0] not in used and f[2] not in used]
+            subject, relation, value = rng.choice(candidates)
+            chosen.append(fact_sentence(subject, relation, value))
+            used.add(subject)
+        return chosen
+
+
+def _question(template: str, subject: str) -> str:
+    text = template.format(s=subject)
+    return text[0].upper() + text[1:]
+
+
+def _problem(context: str, question: str) -> str:
+    return f"<context>{context}</context>\n\n{question}"
+
+
+def _item(task: str, relation: str, entities: list[str], context: str, question: str, answer: str) -> dict:
+    return {"task": task, "relation": relation, "entities": entities,
+            "problem": _problem(context, question), "solution": f"<answer>{answer}</answer>"}
+
+
+def _straightforward(world: World, rng: random.Random) -> dict:
+    relation = rng.choice(list(RELATIONS))
+    subject, _, answer = rng.choice(world.by_relation[relation])
+    distractors = world.distractors(rng, {subject, answer}, [relation, relation, None])
+    sentences = [fact_sentence(subject, relation, answer), *distractors]
+    rng.shuffle(sentences)
+    return _item("straightforward", relation, [subject], " ".join(sentences),
+                 _question(RELATIONS[relation][1], subject), answer)
+
+
+def _multi_hop(world: World, rng: random.Random) -> dict:
+    chain = rng.choice(list(CHAINS))
+    first, second, template = CHAINS[chain]
+    # Only people whose bridge has the second fact (e.g. not every country has a main language listed).
+    people = [p for p in world.people if (world.facts[(p, first)], second) in world.facts]
+    person = rng.choice(people)
+    bridge = world.facts[(person, first)]
+    answer = world.facts[(bridge, second)]
+    # Distractors of both hop relations, so the chain has to be followed rather than pattern-matched.
+    distractors = world.distractors(rng, {person, bridge, answer}, [first, second, None])
+    sentences = [fact_sentence(person, first, bridge), fact_sentence(bridge, second, answer), *distractors]
+    rng.shuffle(sentences)
+    return _item("multi_hop", chain, [person, bridge], " ".join(sentences), _question(template, person), answer)
+
+
+def _inconsistent(world: World, rng: random.Random) -> dict:
+    relation = rng.choice(list(RELATIONS))
+    subject, _, value = rng.choice(world.by_relation[relation])
+    num_passages = rng.choice((2, 3))
+    others = rng.sample([v for v in world.alternatives[relation] if v != value and v != subject], num_passages - 1)
+    values = [value, *others]
+    rng.shuffle(values)
+    trusted = rng.randrange(num_passages)
+    # Two distractor sentences in two of the passages: with three passages, one each would make the prompt too
+    # long for the default 256-token budget.
+    distractors = iter(world.distractors(rng, {subject, *values}, [None, None]))
+    holders = set(rng.sample(range(num_passages), 2))
+    passages = []
+    for number, passage_value in enumerate(values, start=1):
+        sentences = [fact_sentence(subject, relation, passage_value)]
+        if number - 1 in holders:
+            sentences.append(next(distractors))
+        rng.shuffle(sentences)
+        passages.append(f"Passage {number}: " + " ".join(sentences))
+    question = f"According to passage {trusted + 1}, " + RELATIONS[relation][1].format(s=subject)
+    return _item("inconsistent", relation, [subject], "\n".join(passages), question, values[trusted])
+
+
+def _counterfactual(world: World, rng: random.Random) -> dict:
+    relation = rng.choice(REAL_WORLD_RELATIONS)
+    subject, _, real = rng.choice(world.by_relation[relation])
+    changed = rng.choice([v for v in world.alternatives[relation] if v != real and v != subject])
+    distractors = world.distractors(rng, {subject, real, changed}, [relation, relation, None])
+    sentences = [fact_sentence(subject, relation, changed), *distractors]
+    rng.shuffle(sentences)
+    return _item("counterfactual", relation, [subject], " ".join(sentences),
+                 _question(RELATIONS[relation][1], subject), changed)
+
+
+_MAKERS = {"straightforward": _straightforward, "multi_hop": _multi_hop,
+           "inconsistent": _inconsistent, "counterfactual": _counterfactual}
+
+
+def split_worlds(seed: int) -> tuple[World, World]:
+    """Split every entity table between train and eval (ENTITY_EVAL_SHARE to eval) and build both worlds."""
+    rng = random.Random(f"entity-split:{seed}")
+
+    def split(names: Iterable[str]) -> tuple[list[str], list[str]]:
+        shuffled = sorted(names)
+        rng.shuffle(shuffled)
+        k = max(2, round(len(shuffled) * ENTITY_EVAL_SHARE))
+        return sorted(shuffled[k:]), sorted(shuffled[:k])
+
+    tables = [split(t) for t in (facts.COUNTRIES, facts.ELEMENTS, facts.BOOKS, facts.MOONS, facts.LAST_NAMES,
+                                 facts.COMPANIES)]
+    train = World(*(train_part for train_part, _ in tables), rng=random.Random(f"world-train:{seed}"))
+    eval_ = World(*(eval_part for _, eval_part in tables), rng=random.Random(f"world-eval:{seed}"))
+    return train, eval_
+
+
+def _generate(world: World, n: int, split: str, seed: int) -> list[dict]:
+    """n items, as even a share of the four tasks as n allows, shuffled, with ids "{split}-00000"..."""
+    rng = random.Random(f"items-{split}:{seed}")
+    tasks = [TASKS[i % len(TASKS)] for i in range(n)]
+    rows = [_MAKERS[task](world, rng) for task in tasks]
+    rng.shuffle(rows)
+    return [{"id": f"{split}-{i:05d}", **row} for i, row in enumerate(rows)]
+
+
+def synthesize(n: int = DEFAULT_N, eval_share: float = DEFAULT_EVAL_SHARE,
+               seed: int = DEFAULT_SEED) -> tuple[list[dict], list[dict]]:
+    """(train rows, eval rows): n train items and max(4, round(n * eval_share)) eval items on disjoint entities."""
+    if n < len(TASKS):
+        raise ValueError(f"n must be at least {len(TASKS)} (one item per task type), got {n}")
+    if not 0 < eval_share <= 1:
+        raise ValueError(f"eval_share must be in (0, 1], got {eval_share}")
+    train_world, eval_world = split_worlds(seed)
+    n_eval = max(len(TASKS), round(n * eval_share))
+    return _generate(train_world, n, "train", seed), _generate(eval_world, n_eval, "eval", seed)
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
+    """Write one JSON object per line (UTF-8, newline-terminated)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def task_counts(rows: Iterable[dict]) -> str:
+    counts = Counter(row.get("task", "(no task)") for row in rows)
+    order = [t for t in TASKS if t in counts] + sorted(t for t in counts if t not in TASKS)
+    return ", ".join(f"{t} {counts[t]}" for t in order)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _load_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer  # heavy; only the `check --tokenizer` command needs it
+
+    path = Path(name)
+    if path.suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    synth = commands.add_parser("synth", help="write DIR/train.jsonl and DIR/eval.jsonl")
+    synth.add_argument("--out", required=True, type=Path)
+    synth.add_argument("--n", type=int, default=DEFAULT_N, help=f"training rows (default {DEFAULT_N})")
+    synth.add_argument("--eval-share", type=float, default=DEFAULT_EVAL_SHARE,
+                       help=f"eval rows = max(4, round(n * share)) (default {DEFAULT_EVAL_SHARE})")
+    synth.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    check = commands.add_parser("check", help="validate a data file; with --tokenizer, report prompt lengths")
+    check.add_argument("path", type=Path)
+    check.add_argument("--tokenizer", help="tokenizer directory or a .gguf file")
+    check.add_argument("--max-prompt-tokens", type=int, default=256)
+    check.add_argument("--confiqa-variant", choices=sorted(CONFIQA_VARIANTS))
+    args = parser.parse_args(argv)
+
+    if args.command == "synth":
+        train, eval_ = synthesize(args.n, args.eval_share, args.seed)
+        for split, rows in (("train", train), ("eval", eval_)):
+            path = args.out / f"{split}.jsonl"
+            write_jsonl(path, rows)
+            print(f"{split}: {len(rows)} rows -> {path} ({task_counts(rows)})")
+        return 0
+    try:
+        rows = load_dataset(args.path, args.confiqa_variant)
+        print(f"{args.path}: {len(rows)} rows ({task_counts(rows)})")
+        if args.tokenizer:
+            with warnings.catch_warnings():  # the summary printed below already lists the dropped prompts
+                warnings.simplefilter("ignore", PromptOverflowWarning)
+                _, report = prepare_prompts(_load_tokenizer(args.tokenizer), rows, args.max_prompt_tokens, "drop")
+            print(report.summary())
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,548 @@
+"""Tests for data.py: loaders and their error messages, prompt rendering and the overflow rule, the per-rank
+sampler and its resume state, exact_match, and the synthetic data generator."""
+
+from __future__ import annotations
+
+import copy
+import doctest
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import data
+import facts
+from data import DataError
+
+GOOD = {"problem": "<context>Paris is in France.</context>\n\nWhere is Paris?", "solution": "<answer>France</answer>"}
+GOOD_LINE = json.dumps(GOOD)
+
+
+def write(tmp_path: Path, name: str, content: str | bytes) -> Path:
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# load_jsonl
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_load_jsonl_keeps_extra_fields_and_allows_trailing_blank_lines(tmp_path):
+    extra = {**GOOD, "id": "q7", "task": "counterfactual", "aliases": ["FR"]}
+    path = write(tmp_path, "d.jsonl", f"{GOOD_LINE}\n{json.dumps(extra)}\n\n  \n")
+    rows = data.load_jsonl(path)
+    assert rows == [GOOD, extra]
+
+
+def test_load_jsonl_multiline_context_bom_and_line_separator(tmp_path):
+    # A context spanning lines (escaped \n in JSON), a UTF-8 BOM, and a raw U+2028 inside a JSON string, which
+    # JSON allows and which must not be taken for a line break.
+    row = {"problem": "<context>line one\nline two\u2028more</context>\n\nQ?", "solution": "A"}
+    text = json.dumps(row, ensure_ascii=False)
+    path = write(tmp_path, "d.jsonl", b"\xef\xbb\xbf" + text.encode("utf-8") + b"\r\n")
+    assert data.load_jsonl(path) == [row]
+
+
+@pytest.mark.parametrize(
+    "bad_line, reason",
+    [
+        ('{"problem": "<context>x</context>", ', "not valid JSON"),
+        ("[1, 2]", "expected a JSON object, got list"),
+        ('"just a string"', "expected a JSON object, got str"),
+        ('{"solution": "<answer>a</answer>"}', "missing field 'problem'"),
+        ('{"problem": "<context>x</context>\\n\\nq"}', "missing field 'solution'"),
+        ('{"problem": 3, "solution": "a"}', "field 'problem' must be a string, got int"),
+        ('{"problem": "<context>x</context>", "solution": null}', "field 'solution' must be a string, got NoneType"),
+        ('{"problem": "no context here\\n\\nq", "solution": "a"}', "'problem' has no <context>...</context> block"),
+        ('{"problem": "<context>unclosed\\n\\nq", "solution": "a"}', "'problem' has no <context>...</context> block"),
+        ('{"problem": "<context>  \\n </context>\\n\\nq", "solution": "a"}',
+         "'problem' has an empty <context></context> block"),
+        ("", "blank line (blank lines are allowed only at the end of the file)"),
+    ],
+)
+def test_load_jsonl_each_malformed_line_names_file_line_and_reason(tmp_path, bad_line, reason):
+    path = write(tmp_path, "bad.jsonl", f"{GOOD_LINE}\n{GOOD_LINE}\n{bad_line}\n{GOOD_LINE}\n")
+    with pytest.raises(DataError) as err:
+        data.load_jsonl(path)
+    assert f"{path}:3: {reason}" in str(err.value)
+    assert "1 malformed line(s)" in str(err.value)
+
+
+def test_load_jsonl_invalid_utf8_names_line(tmp_path):
+    path = write(tmp_path, "bad.jsonl", GOOD_LINE.encode() + b"\n" + b'{"problem": "\xff\xfe"}\n')
+    with pytest.raises(DataError, match=re.escape(f"{path}:2: not valid UTF-8")):
+        data.load_jsonl(path)
+
+
+def test_load_jsonl_reports_every_bad_line(tmp_path):
+    path = write(tmp_path, "bad.jsonl", f"{GOOD_LINE}\nnope\n{GOOD_LINE}\n[]\n")
+    with pytest.raises(DataError) as err:
+        data.load_jsonl(path)
+    message = str(err.value)
+    assert "2 malformed line(s)" in message
+    assert f"{path}:2: not valid JSON" in message and f"{path}:4: expected a JSON object" in message
+
+
+def test_load_jsonl_lists_at_most_twenty_bad_lines(tmp_path):
+    path = write(tmp_path, "bad.jsonl", "x\n" * 25)
+    with pytest.raises(DataError) as err:
+        data.load_jsonl(path)
+    assert "25 malformed line(s)" in str(err.value) and "... and 5 more" in str(err.value)
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", "   \n\t\n"])
+def test_load_jsonl_empty_file_is_an_error(tmp_path, content):
+    path = write(tmp_path, "empty.jsonl", content)
+    with pytest.raises(DataError, match="no records"):
+        data.load_jsonl(path)
+
+
+def test_load_jsonl_missing_file_and_directory(tmp_path):
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'nope.jsonl'}: data file not found")):
+        data.load_jsonl(tmp_path / "nope.jsonl")
+    with pytest.raises(DataError, match="cannot read data file"):
+        data.load_jsonl(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ConFiQA-style JSON and load_dataset
+# ---------------------------------------------------------------------------------------------------------------
+
+CONFIQA_ITEM = {
+    "question": "What is the capital of France?",
+    "orig_context": "The capital of France is Paris.",
+    "orig_answer": "Paris",
+    "cf_context": "The capital of France is Lyon.",
+    "cf_answer": "Lyon",
+    "cf_alias": ["Lyons"],
+}
+
+
+def test_confiqa_counterfactual_is_the_default_and_other_fields_are_kept(tmp_path):
+    path = write(tmp_path, "c.json", json.dumps([CONFIQA_ITEM]))
+    [row] = data.load_confiqa(path)
+    assert row == {
+        "problem": "<context>The capital of France is Lyon.</context>\n\nWhat is the capital of France?",
+        "solution": "<answer>Lyon</answer>",
+        "orig_context": "The capital of France is Paris.",
+        "orig_answer": "Paris",
+        "cf_alias": ["Lyons"],
+    }
+    assert data.load_dataset(path) == [row]
+
+
+def test_confiqa_original_and_plain_variants(tmp_path):
+    path = write(tmp_path, "c.json", json.dumps([CONFIQA_ITEM]))
+    [row] = data.load_confiqa(path, variant="original")
+    assert row["solution"] == "<answer>Paris</answer>" and "Paris.</context>" in row["problem"]
+    assert row["cf_answer"] == "Lyon"
+    plain = write(tmp_path, "p.json", json.dumps([{"context": "Sky is green.", "question": "Sky?", "answer": "green"}]))
+    assert data.load_confiqa(plain) == [{"problem": "<context>Sky is green.</context>\n\nSky?",
+                                         "solution": "<answer>green</answer>"}]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"question": "q"}', "expected a JSON list of objects, got dict"),
+        ("[]", "no records (the list is empty)"),
+        ('[{"question": "q", "foo": 1}]', "item 0 has none of the known context/answer field pairs"),
+        (json.dumps([CONFIQA_ITEM, {**CONFIQA_ITEM, "question": 5}]),
+         "item 1: field(s) 'question' missing or not a string"),
+        (json.dumps([CONFIQA_ITEM, "x"]), "item 1: expected a JSON object, got str"),
+        (json.dumps([CONFIQA_ITEM, {k: v for k, v in CONFIQA_ITEM.items() if k != "cf_answer"}]),
+         "item 1: field(s) 'cf_answer' missing or not a string"),
+        (json.dumps([{**CONFIQA_ITEM, "cf_context": "a </context> b"}]),
+         "item 0: 'cf_context' contains a <context> tag"),
+        (json.dumps([{**CONFIQA_ITEM, "cf_context": "  "}]),
+         "item 0: 'problem' has an empty <context></context> block"),
+        (json.dumps([{**CONFIQA_ITEM, "solution": "x"}]), "item 0: already has field(s) ['solution']"),
+        ('[\n{"question": \n', "c.json:3: not valid JSON"),
+    ],
+)
+def test_confiqa_errors(tmp_path, content, message):
+    path = write(tmp_path, "c.json", content)
+    with pytest.raises(DataError, match=re.escape(message)):
+        data.load_confiqa(path)
+
+
+def test_confiqa_unknown_variant_and_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="unknown ConFiQA variant"):
+        data.load_confiqa(tmp_path / "c.json", variant="weird")
+    with pytest.raises(DataError, match="data file not found"):
+        data.load_confiqa(tmp_path / "c.json")
+
+
+def test_load_dataset_dispatches_on_extension(tmp_path):
+    jsonl = write(tmp_path, "d.JSONL", GOOD_LINE + "\n")
+    assert data.load_dataset(jsonl) == [GOOD]
+    with pytest.raises(DataError, match="unknown data file type '.csv'"):
+        data.load_dataset(write(tmp_path, "d.csv", "a,b\n"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# System prompt, rendering, overflow rule
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_system_prompt_describes_the_three_sections_without_trailing_period():
+    for piece in ("<context>", "</context>", "<think>reasoning process</think>",
+                  "<long_answer>detailed answer in complete sentences</long_answer>", "<answer>concise answer</answer>",
+                  "two newline characters"):
+        assert piece in data.SYSTEM_PROMPT
+    # The original ended this example line with a period, which format_reward rejects (SPEC section 2).
+    assert "</answer>." not in data.SYSTEM_PROMPT
+    assert data.SYSTEM_PROMPT.endswith("<answer>concise answer</answer>")
+
+
+def test_build_messages():
+    assert data.build_messages("P") == [{"role": "system", "content": data.SYSTEM_PROMPT},
+                                        {"role": "user", "content": "P"}]
+
+
+def test_render_prompt_contains_system_and_user_and_ends_with_generation_prompt(chat_tokenizer):
+    problem = GOOD["problem"]
+    text = data.render_prompt(chat_tokenizer, problem)
+    assert data.SYSTEM_PROMPT in text and problem in text
+    assert text.index(data.SYSTEM_PROMPT) < text.index(problem)
+    without = chat_tokenizer.apply_chat_template(data.build_messages(problem), add_generation_prompt=False,
+                                                 tokenize=False)
+    assert text.startswith(without) and len(text) > len(without)
+    assert text.endswith("<|im_start|>assistant\n")  # SmolLM2's (ChatML) assistant turn opener
+
+
+def _rows_with_lengths(tokenizer, n_long: int = 2) -> tuple[list[dict], int]:
+    """Three short rows and `n_long` long ones; returns the rows and a limit between the two lengths."""
+    short = [{**GOOD, "id": f"s{i}"} for i in range(3)]
+    long_problem = "<context>" + "The sky is green today. " * 60 + "</context>\n\nWhat colour is the sky?"
+    long = [{"problem": long_problem, "solution": "<answer>green</answer>", "id": f"long{i}"} for i in range(n_long)]
+    rows = short[:1] + long[:1] + short[1:] + long[1:]
+    short_len = len(tokenizer(data.render_prompt(tokenizer, GOOD["problem"]), add_special_tokens=False)["input_ids"])
+    return rows, short_len + 10
+
+
+def test_prepare_prompts_drops_and_reports_long_prompts(chat_tokenizer):
+    rows, limit = _rows_with_lengths(chat_tokenizer)
+    before = copy.deepcopy(rows)
+    with pytest.warns(data.PromptOverflowWarning, match=r"2 prompt\(s\) over the limit") as caught:
+        kept, report = data.prepare_prompts(chat_tokenizer, rows, limit, on_overflow="drop")
+    assert rows == before  # inputs untouched
+    assert [r["id"] for r in kept] == ["s0", "s1", "s2"]
+    assert [(o.index, o.row_id) for o in report.overflow] == [(1, "long0"), (4, "long1")]
+    assert all(o.num_tokens > limit for o in report.overflow)
+    assert (report.total, report.kept, report.max_prompt_tokens) == (5, 3, limit)
+    message = str(caught[0].message)
+    assert "row 1 (id long0)" in message and "row 4 (id long1)" in message
+    for row in kept:
+        assert row["prompt"] == data.render_prompt(chat_tokenizer, row["problem"])
+        assert len(row["prompt_ids"]) <= limit
+        # The counted ids are the chat template's own tokenization: no second BOS added by the tokenizer.
+        templated = chat_tokenizer.apply_chat_template(data.build_messages(row["problem"]),
+                                                       add_generation_prompt=True, tokenize=True)
+        templated = templated["input_ids"] if hasattr(templated, "keys") else templated
+        assert row["prompt_ids"] == list(templated)
+
+
+def test_prepare_prompts_error_rule_names_the_rows(chat_tokenizer):
+    rows, limit = _rows_with_lengths(chat_tokenizer, n_long=1)
+    with pytest.raises(DataError, match=r"(?s)on_overflow='error'.*rejected.*row 1 \(id long0\): \d+ tokens"):
+        data.prepare_prompts(chat_tokenizer, rows, limit, on_overflow="error")
+
+
+def test_prepare_prompts_all_dropped_is_an_error(chat_tokenizer):
+    with pytest.raises(DataError, match="every prompt is over the limit"):
+        data.prepare_prompts(chat_tokenizer, [GOOD, GOOD], 5)
+
+
+def test_prepare_prompts_nothing_over_the_limit_does_not_warn(chat_tokenizer, recwarn):
+    kept, report = data.prepare_prompts(chat_tokenizer, [GOOD], 1000)
+    assert len(kept) == 1 and report.overflow == () and not recwarn.list
+
+
+def test_prepare_prompts_bad_arguments(chat_tokenizer):
+    with pytest.raises(ValueError, match="on_overflow"):
+        data.prepare_prompts(chat_tokenizer, [GOOD], 100, on_overflow="truncate")
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        data.prepare_prompts(chat_tokenizer, [GOOD], 0)
+    with pytest.raises(DataError, match="no rows"):
+        data.prepare_prompts(chat_tokenizer, [], 100)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PromptSampler
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def take(sampler: data.PromptSampler, k: int) -> list[list[int]]:
+    return [sampler.next_batch() for _ in range(k)]
+
+
+def test_sampler_is_deterministic_and_reshuffles_each_epoch():
+    a, b = data.PromptSampler(12, 3, seed=5), data.PromptSampler(12, 3, seed=5)
+    assert a.steps_per_epoch == 4
+    batches = take(a, 8)
+    assert batches == take(b, 8)
+    epoch0, epoch1 = sum(batches[:4], []), sum(batches[4:], [])
+    assert sorted(epoch0) == sorted(epoch1) == list(range(12))  # each epoch sees every row once
+    assert epoch0 != epoch1
+    assert a.epoch == 1 and a.position == 4
+    assert take(data.PromptSampler(12, 3, seed=6), 4) != batches[:4]
+
+
+def test_sampler_iterates():
+    sampler = data.PromptSampler(10, 2, seed=0)
+    assert [next(iter(sampler)) for _ in range(3)] == take(data.PromptSampler(10, 2, seed=0), 3)
+
+
+def test_sampler_ranks_are_disjoint_and_cover_each_global_batch():
+    ranks = [data.PromptSampler(14, 3, seed=1, rank=r, world_size=2) for r in range(2)]
+    assert ranks[0].steps_per_epoch == 2  # 14 // 6; two rows skipped per epoch with drop_last
+    for _ in range(5):  # across epoch boundaries
+        batch0, batch1 = ranks[0].next_batch(), ranks[1].next_batch()
+        assert len(batch0) == len(batch1) == 3 and not set(batch0) & set(batch1)
+        step, order = ranks[0].position - 1, ranks[0].epoch_order(ranks[0].epoch)
+        assert batch0 + batch1 == order[step * 6 : (step + 1) * 6]  # together: exactly this global batch
+
+
+def test_sampler_without_drop_last_pads_the_last_batch_from_the_epoch_start():
+    ranks = [data.PromptSampler(7, 2, seed=3, rank=r, world_size=2, drop_last=False) for r in range(2)]
+    assert ranks[0].steps_per_epoch == 2
+    order = ranks[0].epoch_order(0)
+    seen = [ranks[r].next_batch() for _ in range(2) for r in range(2)]
+    assert all(len(b) == 2 for b in seen)
+    assert sum(seen, []) == order + order[:1]  # 7 rows, then the first one again to fill the batch
+
+
+@pytest.mark.parametrize("taken", [0, 1, 3, 4, 5, 9])
+def test_sampler_resume_sees_exactly_the_remaining_batches(taken):
+    run = data.PromptSampler(13, 3, seed=11, rank=1, world_size=2)
+    take(run, taken)
+    state = run.state_dict()
+    saved = json.loads(json.dumps(state))  # survives a checkpoint file
+    expected = take(run, 6)
+    resumed = data.PromptSampler(13, 3, seed=11, rank=1, world_size=2)
+    resumed.load_state_dict(saved)
+    assert saved == state
+    assert take(resumed, 6) == expected
+
+
+def test_sampler_resume_with_other_world_size_and_same_global_batch():
+    old = [data.PromptSampler(20, 2, seed=4, rank=r, world_size=2) for r in range(2)]
+    for sampler in old:
+        take(sampler, 3)
+    state = old[0].state_dict()
+    next_global = old[0].next_batch() + old[1].next_batch()
+    new = data.PromptSampler(20, 4, seed=4, rank=0, world_size=1)
+    new.load_state_dict(state)
+    assert new.next_batch() == next_global
+
+
+def test_sampler_rejects_bad_arguments_and_foreign_state():
+    with pytest.raises(ValueError, match="cannot fill one global batch"):
+        data.PromptSampler(5, 3, seed=0, world_size=2)
+    with pytest.raises(ValueError, match="rank 2 is outside"):
+        data.PromptSampler(10, 1, seed=0, rank=2, world_size=2)
+    with pytest.raises(ValueError):
+        data.PromptSampler(10, 0, seed=0)
+    sampler = data.PromptSampler(10, 2, seed=0)
+    for key, value in [("num_rows", 11), ("seed", 1), ("global_batch_size", 4), ("drop_last", False)]:
+        with pytest.raises(ValueError, match=key):
+            sampler.load_state_dict({**sampler.state_dict(), key: value})
+    with pytest.raises(ValueError, match="out of range"):
+        sampler.load_state_dict({**sampler.state_dict(), "position": 6})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# answer_span, exact_match
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, span",
+    [
+        ("<answer> Paris </answer>", "Paris"),
+        ("<think>no</think><answer>a\nb</answer><answer>c</answer>", "a\nb"),
+        ("  plain text ", "plain text"),
+        ("<answer>unclosed", "<answer>unclosed"),
+        ("<answer></answer>", ""),
+    ],
+)
+def test_answer_span(text, span):
+    assert data.answer_span(text) == span
+
+
+@pytest.mark.parametrize(
+    "prediction, gold, contains, expected",
+    [
+        ("Paris", "Paris", False, True),
+        ("paris", "Paris", False, True),  # lowercase
+        ("  The   Paris. ", "paris", False, True),  # articles, punctuation, whitespace
+        ("an apple", "Apple", False, True),
+        ("Cluj-Napoca", "cluj napoca", False, False),  # punctuation is removed, not turned into a space
+        ("Cluj-Napoca", "ClujNapoca", False, True),
+        ("\u201cLyon\u201d", "Lyon", False, True),  # curly quotes are punctuation too
+        ("Lyon", "Paris", False, False),
+        ("Paris, France", "Paris", False, False),
+        ("Paris, France", "Paris", True, True),
+        ("The capital is Paris.", "Paris", True, True),
+        ("Parisian food", "Paris", True, False),  # whole words only
+        ("New Delhi", "Delhi New", True, False),
+        ("not Paris", "Paris", True, False),  # negation guard
+        ("It isn't Paris", "Paris", True, False),
+        ("It isn\u2019t Paris", "Paris", True, False),
+        ("Never Paris", "Paris", True, False),
+        ("No", "no", False, True),  # the gold itself is negated
+        ("not at all", "not at all", False, True),
+        ("none", "nothing", False, False),
+        ("Lyons", ["Lyon", "Lyons"], False, True),  # aliases
+        ("Lyon", [], False, False),
+        ("", "", False, False),  # an empty gold never matches
+        (None, "Paris", False, False),
+        (42, "42", False, False),
+    ],
+)
+def test_exact_match_table(prediction, gold, contains, expected):
+    assert data.exact_match(prediction, gold, contains=contains) is expected
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Synthetic data
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    """Runs `data.py synth` once (n=400) and loads both files back with load_jsonl."""
+    out = tmp_path_factory.mktemp("synth")
+    import contextlib
+    import io
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert data.main(["synth", "--out", str(out), "--n", "400", "--seed", "7"]) == 0
+    return {"out": out, "stdout": stdout.getvalue(), "train": data.load_jsonl(out / "train.jsonl"),
+            "eval": data.load_jsonl(out / "eval.jsonl")}
+
+
+def context_of(row: dict) -> str:
+    return data.CONTEXT_RE.search(row["problem"]).group(1)
+
+
+def test_synth_sizes_tasks_and_printed_counts(synth):
+    assert len(synth["train"]) == 400 and len(synth["eval"]) == 60  # eval = round(400 * 0.15)
+    for split, n in (("train", 100), ("eval", 15)):
+        counts = {t: sum(r["task"] == t for r in synth[split]) for t in data.TASKS}
+        assert counts == dict.fromkeys(data.TASKS, n)
+        expected = ", ".join(f"{t} {n}" for t in data.TASKS)
+        assert f"{split}: {n * 4} rows -> {synth['out'] / f'{split}.jsonl'} ({expected})" in synth["stdout"]
+
+
+def test_synth_rows_share_one_schema_and_unique_ids(synth):
+    rows = synth["train"] + synth["eval"]
+    assert {tuple(r) for r in rows} == {("id", "task", "relation", "entities", "problem", "solution")}
+    assert len({r["id"] for r in rows}) == len(rows)
+    for row in rows:
+        assert re.fullmatch(r"<context>.+</context>\n\n[A-Z][^\n]*\?", row["problem"], re.DOTALL)
+        assert re.fullmatch(r"<answer>[^<>\n]+</answer>", row["solution"])
+
+
+def test_synth_eval_entities_are_disjoint_from_train(synth):
+    train_entities = {e for r in synth["train"] for e in r["entities"]}
+    eval_entities = {e for r in synth["eval"] for e in r["entities"]}
+    assert train_entities and eval_entities and not train_entities & eval_entities
+    # Stronger: no eval subject or bridge is even mentioned in a training prompt.
+    train_text = "\n".join(r["problem"] for r in synth["train"])
+    leaked = [e for e in eval_entities if re.search(rf"(?<![\w-]){re.escape(e)}(?![\w-])", train_text)]
+    assert leaked == []
+    train_world, eval_world = data.split_worlds(7)
+    assert not set(train_world.entities) & set(eval_world.entities)
+
+
+def test_synth_answers_are_stated_in_or_derivable_from_context(synth):
+    for row in synth["train"] + synth["eval"]:
+        context, answer = context_of(row), data.answer_span(row["solution"])
+        if row["task"] == "multi_hop":
+            first, second = row["relation"].split(">")
+            person, bridge = row["entities"]
+            assert data.fact_sentence(person, first, bridge) in context
+            assert data.fact_sentence(bridge, second, answer) in context
+        elif row["task"] == "inconsistent":
+            passages = context.split("\n")
+            assert len(passages) in (2, 3)
+            trusted = int(re.match(r"According to passage (\d), ", row["problem"].split("\n\n")[1]).group(1))
+            [subject] = row["entities"]
+            statement = data.fact_sentence(subject, row["relation"], answer)
+            holders = [i for i, p in enumerate(passages, start=1) if statement in p]
+            assert holders == [trusted]
+            assert all(p.startswith(f"Passage {i}: ") and subject in p for i, p in enumerate(passages, start=1))
+        else:
+            [subject] = row["entities"]
+            assert data.fact_sentence(subject, row["relation"], answer) in context
+
+
+def test_synth_counterfactual_answers_contradict_the_real_world(synth):
+    rows = [r for r in synth["train"] + synth["eval"] if r["task"] == "counterfactual"]
+    assert {r["relation"] for r in rows} <= set(data.REAL_WORLD_RELATIONS)
+    for row in rows:
+        [subject] = row["entities"]
+        real = data.world_fact(row["relation"], subject)
+        answer = data.answer_span(row["solution"])
+        assert real is not None and answer != real
+        assert data.fact_sentence(subject, row["relation"], real) not in context_of(row)
+
+
+def test_synth_straightforward_real_facts_match_the_fact_table(synth):
+    for row in synth["train"]:
+        if row["task"] == "straightforward" and row["relation"] in data.REAL_WORLD_RELATIONS:
+            assert data.answer_span(row["solution"]) == data.world_fact(row["relation"], row["entities"][0])
+
+
+def test_fact_tables_are_unambiguous():
+    cities = [capital for capital, _, _ in facts.COUNTRIES.values()]
+    cities += [city for names in facts.CITIES.values() for city in names]
+    assert len(cities) == len(set(cities))  # "X is a city in K" has one true K
+    assert set(facts.CITIES) <= set(facts.COUNTRIES)
+    assert set(facts.MOONS.values()) <= set(facts.PLANETS)
+    tables = [set(facts.COUNTRIES), set(cities), set(facts.ELEMENTS), set(facts.BOOKS), set(facts.MOONS),
+              set(facts.COMPANIES), set(facts.FIRST_NAMES), set(facts.LAST_NAMES)]
+    names = [name for table in tables for name in table]
+    assert len(names) == len(set(names))  # no name is two kinds of entity
+    assert len(set(facts.ELEMENTS.values())) == len(facts.ELEMENTS)
+    assert sum(len(t) for t in tables[:6]) > 300
+
+
+def test_doctests():
+    result = doctest.testmod(data)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_synth_is_deterministic_by_seed():
+    same_a, same_b = data.synthesize(40, seed=3), data.synthesize(40, seed=3)
+    assert same_a == same_b
+    assert data.synthesize(40, seed=4) != same_a
+
+
+def test_synth_prompts_fit_the_default_budget(synth, chat_tokenizer):
+    # The default run is a 135M model on a CPU with 256-token prompts: nothing should need dropping.
+    _, report = data.prepare_prompts(chat_tokenizer, synth["train"] + synth["eval"], 256, on_overflow="error")
+    assert report.max_tokens <= 256
+
+
+def test_synth_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="at least 4"):
+        data.synthesize(3)
+    with pytest.raises(ValueError, match="eval_share"):
+        data.synthesize(10, eval_share=0)
+
+
+def test_check_command(synth, capsys, tmp_path):
+    assert data.main(["check", str(synth["out"] / "eval.jsonl")]) == 0
+    assert "60 rows (straightforward 15" in capsys.readouterr().out
+    assert data.main(["check", str(write(tmp_path, "bad.jsonl", "x\n"))]) == 1
+    assert ":1: not valid JSON" in capsys.readouterr().err
