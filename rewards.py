@@ -1,0 +1,323 @@
+"""The four CANOE rewards (SPEC section 3; seed 000) and the R1-Zero math reward (seed 002).
+
+Every CANOE reward has one signature, `fn(completions, <dataset columns it needs>, **kwargs) -> list[float]`:
+`completions` holds one entry per sample, a list of chat messages whose first `content` is the text, and the result
+holds one 0.0/1.0 per sample. Adding a reward is one such function and one line in `REWARD_FUNCS`.
+
+| name        | 1.0 when                                                                                         |
+|-------------|--------------------------------------------------------------------------------------------------|
+| `accuracy`  | the answer span equals the solution's, as a string or mathematically (grader.MathGrader)          |
+| `format`    | the text is exactly `<think>..</think> <long_answer>..</long_answer> <answer>..</answer>`         |
+| `influence` | the stage-2 completion (regenerated from the long answer alone) has the solution's answer span    |
+| `length`    | the long answer is strictly between 20% and 80% of the context, in characters                    |
+
+*Answer span* of a text: the first `<answer>...</answer>` (across lines), stripped; without one, the whole text
+stripped. The same rule reads `solution`.
+
+Bad input (None, non-strings, missing tags, megabyte strings, lone surrogates) gives 0.0 for that sample and never
+raises. Malformed entries (a completion that is not a list of messages, a None text) are counted in
+`REWARD_ISSUES` and logged once; an unexpected exception is also counted and logged, never silently turned into
+0.0. With `DEBUG_MODE=true` in the environment, accuracy and influence append every sample to a log: `LOG_PATH`
+if set, else `accuracy_reward.log` / `influence_accuracy_reward.log` in the `log_dir` keyword argument (the
+trainer passes its run directory), else in the current directory.
+
+Deliberate differences from the original CANOE code, each in the function concerned:
+- accuracy: graded on the answer spans with `verify(gold, pred)`, not on the whole completion with
+  `verify(pred, gold)` (a number inside `<think>` scored there).
+- format: outer whitespace is stripped first (a trailing newline failed there).
+- length: the tag patterns match across lines (no DOTALL there, so any multi-line context or long answer scored 0).
+
+`r1_zero_reward_fn` is the R1-Zero reward (format gate, `\\boxed` extraction, grading by `grader.r1_grade`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Callable
+
+from deadline import WorkerStartError
+from grader import MathGrader, default_grader, last_boxed, r1_grade
+
+logger = logging.getLogger(__name__)
+
+# Counted problems, keyed "<reward>/<kind>": "malformed" (input not in the documented shape) and "error" (an
+# exception we did not foresee). The trainer may log them; tests assert on them.
+REWARD_ISSUES: Counter[str] = Counter()
+
+
+def _note(key: str, detail: str, error: BaseException | None = None) -> None:
+    REWARD_ISSUES[key] += 1
+    if REWARD_ISSUES[key] == 1:  # log the first of each kind; the counter carries the rest
+        logger.warning("reward %s: %s (further ones only counted in REWARD_ISSUES)", key, detail, exc_info=error)
+
+
+# ------------------------------------------------------------------------------------------------ text helpers
+
+
+def _tag_content(text: str, tag: str) -> str | None:
+    """First `<tag>(.*?)</tag>` (DOTALL), stripped; None if absent.
+
+    Same result as the regex, but two `str.find`s: linear even on a megabyte of unclosed `<tag>`s.
+    """
+    start = text.find(f"<{tag}>")
+    if start < 0:
+        return None
+    start += len(tag) + 2
+    end = text.find(f"</{tag}>", start)
+    return None if end < 0 else text[start:end].strip()
+
+
+def answer_span(text: str) -> str:
+    """The first `<answer>` content, stripped; the whole text stripped if there is none.
+
+    >>> answer_span("<think>7</think><answer> 42 </answer>"), answer_span(" 42 ")
+    ('42', '42')
+    """
+    inside = _tag_content(text, "answer")
+    return text.strip() if inside is None else inside
+
+
+def _completion_text(completion: Any) -> str | None:
+    """The text of one completion entry (a list of messages, first one's content); None if not in that shape."""
+    if isinstance(completion, Sequence) and not isinstance(completion, str) and completion:
+        message = completion[0]
+        if isinstance(message, Mapping) and isinstance(message.get("content"), str):
+            return message["content"]
+    return None
+
+
+def _texts(completions: Any, reward: str) -> list[str | None]:
+    texts = [_completion_text(c) for c in completions]
+    if None in texts:
+        _note(f"{reward}/malformed", "a completion is not a list of messages with a string 'content'")
+    return texts
+
+
+def _column(values: Any, n: int, reward: str, name: str) -> list[Any]:
+    """A dataset column as a list of n values, padded with None if it is short (and counted)."""
+    values = list(values) if isinstance(values, Sequence) and not isinstance(values, str) else []
+    if len(values) != n:
+        _note(f"{reward}/malformed", f"'{name}' has {len(values)} entries for {n} completions")
+        values = (values + [None] * n)[:n]
+    return values
+
+
+# ------------------------------------------------------------------------------------------------ debug log
+
+
+def _debug_log(file_name: str, header: str, rewards: list[float], contents: list, solutions: list, log_dir: Any) -> None:
+    """Append one block per sample when DEBUG_MODE=true (seed 000). A log that cannot be written is reported."""
+    if os.environ.get("DEBUG_MODE") != "true":
+        return
+    path = os.environ.get("LOG_PATH") or os.path.join(str(log_dir) if log_dir else ".", file_name)
+    now = datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")
+    try:
+        # backslashreplace: a lone surrogate in a completion must not stop the log (or the reward)
+        with open(path, "a", encoding="utf-8", errors="backslashreplace") as log:
+            for reward, content, solution in zip(rewards, contents, solutions):
+                log.write(f"------------- {now} {header}: {reward} -------------\n")
+                log.write(f"Content: {content}\nSolution: {solution}\n\n")
+    except OSError as error:
+        _note("debug_log/error", f"cannot write {path}", error)
+
+
+def _never_raises(name: str) -> Callable[[Callable[..., list[float]]], Callable[..., list[float]]]:
+    """Make a reward return 0.0 for the batch on an exception we did not foresee, counted and logged.
+
+    Bad input is handled sample by sample inside each reward; reaching this guard means a bug, so it is
+    reported (REWARD_ISSUES["<name>/error"], traceback logged once), not hidden. Workers that cannot start at all
+    (`deadline.WorkerStartError`) still raise: every reward would be wrong.
+    """
+
+    def decorate(fn: Callable[..., list[float]]) -> Callable[..., list[float]]:
+        @functools.wraps(fn)
+        def reward(completions: Any, *args: Any, **kwargs: Any) -> list[float]:
+            if not isinstance(completions, Sequence) or isinstance(completions, str):
+                _note(f"{name}/malformed", f"completions is a {type(completions).__name__}, not a list")
+                return []
+            try:
+                return fn(completions, *args, **kwargs)
+            except WorkerStartError:
+                raise
+            except Exception as error:  # counted and logged: see the docstring
+                _note(f"{name}/error", f"{type(error).__name__} on a batch of {len(completions)}", error)
+                return [0.0] * len(completions)
+
+        return reward
+
+    return decorate
+
+
+# ------------------------------------------------------------------------------------------------ rewards
+
+
+@_never_raises("accuracy")
+def accuracy_reward(
+    completions: list, solution: list, grader: MathGrader | None = None, log_dir: str | None = None, **kwargs: Any
+) -> list[float]:
+    """1.0 if the completion's answer span equals the solution's, as a string or mathematically, else 0.0.
+
+    Only the answer spans are graded, gold first (`verify(gold, pred)`); the original CANOE code parsed the whole
+    completion with math-verify and called `verify(pred, gold)`, so a number inside `<think>` could score.
+    Mathematical equivalence comes from `grader` (a `grader.MathGrader`: parallel worker processes, hard
+    per-sample deadline, timed-out samples fall back to string match); without one, the process-wide
+    `grader.default_grader()` (2 workers, 1 s) is created on first use.
+    """
+    texts = _texts(completions, "accuracy")
+    solutions = _column(solution, len(texts), "accuracy", "solution")
+    golds: list[str] = []
+    preds: list[str] = []
+    graded: list[int] = []  # indices of samples with both a text and a string solution
+    for i, (text, gold) in enumerate(zip(texts, solutions)):
+        if text is None or not isinstance(gold, str):
+            continue
+        golds.append(answer_span(gold))
+        preds.append(answer_span(text))
+        graded.append(i)
+    verdicts = (grader or default_grader()).equivalent_batch(golds, preds) if graded else []
+    rewards = [0.0] * len(texts)
+    for i, same in zip(graded, verdicts):
+        rewards[i] = 1.0 if same else 0.0
+    _debug_log("accuracy_reward.log", "Accuracy reward", rewards, texts, solutions, log_dir)
+    return rewards
+
+
+_FORMAT_THINK_END = re.compile(r"</think>\s*<long_answer>")
+_FORMAT_LONG_END = re.compile(r"</long_answer>\s*<answer>")
+
+
+def _has_format(text: str) -> bool:
+    """Whether the stripped text fully matches `<think>.*?</think>\\s*<long_answer>.*?</long_answer>\\s*<answer>.*?</answer>`
+    (DOTALL), decided in linear time.
+
+    The lazy regex backtracks polynomially on hostile text with many tags. Taking the earliest
+    `</think>\\s*<long_answer>` and then the earliest `</long_answer>\\s*<answer>` is exact: a later choice only
+    leaves less room for the rest, and the text must end with `</answer>`.
+    """
+    if not text.startswith("<think>") or not text.endswith("</answer>"):
+        return False
+    think_end = _FORMAT_THINK_END.search(text, len("<think>"))
+    if think_end is None:
+        return False
+    long_end = _FORMAT_LONG_END.search(text, think_end.end())
+    return long_end is not None and long_end.end() <= len(text) - len("</answer>")
+
+
+@_never_raises("format")
+def format_reward(completions: list, **kwargs: Any) -> list[float]:
+    """1.0 iff the text, outer whitespace stripped, is exactly think, long answer, answer blocks (SPEC table).
+
+    Only whitespace may separate the blocks; tags are case-sensitive. The original CANOE code did not strip the
+    text first, so a trailing newline (which models emit all the time) scored 0.
+    """
+    return [1.0 if text is not None and _has_format(text.strip()) else 0.0 for text in _texts(completions, "format")]
+
+
+@_never_raises("influence")
+def influence_reward(
+    completions: list, solution: list, completions_long_answer: list, log_dir: str | None = None, **kwargs: Any
+) -> list[float]:
+    """1.0 iff the stage-2 completion's answer span equals the solution's answer span, as strings.
+
+    `completions_long_answer[i]` is the completion regenerated from sample i's long answer in place of the
+    context (or None when there was no long answer or no context: 0.0). Stage-1 `completions` are not read.
+    """
+    n = len(completions)
+    stage2 = _column(completions_long_answer, n, "influence", "completions_long_answer")
+    solutions = _column(solution, n, "influence", "solution")
+    contents: list[str | None] = []
+    rewards: list[float] = []
+    for regenerated, gold in zip(stage2, solutions):
+        text = None if regenerated is None else _completion_text(regenerated)
+        if regenerated is not None and text is None:
+            _note("influence/malformed", "a stage-2 completion is not a list of messages with a string 'content'")
+        contents.append(text)
+        same = text is not None and isinstance(gold, str) and answer_span(text) == answer_span(gold)
+        rewards.append(1.0 if same else 0.0)
+    _debug_log("influence_accuracy_reward.log", "influence_Accuracy reward", rewards, contents, solutions, log_dir)
+    return rewards
+
+
+def _problem_text(problem: Any) -> str | None:
+    """The prompt text: the string itself, or the user message of a chat."""
+    if isinstance(problem, str):
+        return problem
+    if isinstance(problem, Sequence):
+        for message in problem:
+            if isinstance(message, Mapping) and message.get("role") == "user" and isinstance(message.get("content"), str):
+                return message["content"]
+    return None
+
+
+@_never_raises("length")
+def len_reward(completions: list, problem: list, **kwargs: Any) -> list[float]:
+    """1.0 iff 0.2·len(context) < len(long answer) < 0.8·len(context), strictly, in characters.
+
+    context = first `<context>` block of the problem, long answer = first `<long_answer>` block of the
+    completion, both stripped; a missing block or an empty context gives 0.0. The original CANOE patterns lacked
+    DOTALL, so any multi-line context or long answer scored 0; ours match across lines.
+    """
+    texts = _texts(completions, "length")
+    problems = _column(problem, len(texts), "length", "problem")
+    rewards = []
+    for text, prompt in zip(texts, problems):
+        prompt_text = _problem_text(prompt)
+        context = None if prompt_text is None else _tag_content(prompt_text, "context")
+        long_answer = None if text is None else _tag_content(text, "long_answer")
+        ok = bool(context) and long_answer is not None and 0.2 * len(context) < len(long_answer) < 0.8 * len(context)
+        rewards.append(1.0 if ok else 0.0)
+    return rewards
+
+
+# The registry the trainer reads: config names -> functions.
+REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
+    "accuracy": accuracy_reward,
+    "format": format_reward,
+    "influence": influence_reward,
+    "length": len_reward,
+}
+
+
+# ------------------------------------------------------------------------------------------------ R1-Zero
+
+
+def r1_zero_reward_fn(
+    response: str, ground_truth: str | int | float | list[str], fast: bool = True, grader: MathGrader | None = None
+) -> dict[str, float]:
+    """R1-Zero reward (seed 002; SPEC section 3, steps 1-6): strict format gate, then a math grade.
+
+    1. `response` must contain `</think> <answer>` (one space) and `</answer>`, else all three values are 0.0.
+    2. The answer is the text after the last `<answer>`, with `</answer>` removed.
+    3. If it has `\\boxed` (or `\\fbox`, the same box), only the last box's content counts; a box without
+       balanced braces is a format error (all 0.0).
+    4. `ground_truth`: str, int/float (as str) or a list of str (any may match); anything else is a TypeError.
+    5. `grader.r1_grade`: normalised strings, exact sympy, and with fast=False math-verify under the deadline
+       of `grader` (default: `grader.default_grader()`).
+    6. Correct: all 1.0; formatted but wrong: format 1.0, the others 0.0.
+
+    >>> r1_zero_reward_fn("<think>6*7</think> <answer>\\\\boxed{42}</answer>", 42)
+    {'format_reward': 1.0, 'answer_reward': 1.0, 'reward': 1.0}
+    """
+    if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float, list)):
+        raise TypeError(f"ground_truth must be str, int, float or list[str], not {type(ground_truth).__name__}")
+    if isinstance(ground_truth, list) and not all(isinstance(g, str) for g in ground_truth):
+        raise TypeError("ground_truth list must hold only str")
+    golds = ground_truth if isinstance(ground_truth, list) else [str(ground_truth)]
+
+    wrong_format = {"format_reward": 0.0, "answer_reward": 0.0, "reward": 0.0}
+    if not isinstance(response, str) or "</think> <answer>" not in response or "</answer>" not in response:
+        return wrong_format
+    model_answer = response.split("<answer>")[-1].replace("</answer>", "")
+    if "\\boxed" in model_answer or "\\fbox" in model_answer:
+        boxed = last_boxed(model_answer)
+        if boxed is None:
+            return wrong_format
+        model_answer = boxed
+    correct = any(r1_grade(model_answer, gold, fast, grader) for gold in golds)
+    return {"format_reward": 1.0, "answer_reward": float(correct), "reward": float(correct)}
