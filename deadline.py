@@ -144,6 +144,8 @@ def _shutdown(workers: list[_Worker]) -> None:
 class DeadlinePool:
     """A persistent pool of worker processes running `module.WORKER_JOBS[name](*args)` under a deadline.
 
+    The job module may define `warm_up()`, run once per worker before it reports ready.
+
     `run` may be called from any thread; calls from several threads are serialised.
     """
 
@@ -305,7 +307,10 @@ def worker_main(module: str) -> None:
     os.dup2(devnull, 0)
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
 
-    jobs: dict[str, Callable[..., Any]] = dict(importlib.import_module(module).WORKER_JOBS)
+    job_module = importlib.import_module(module)
+    if hasattr(job_module, "warm_up"):
+        job_module.warm_up()  # first-use costs are paid before the first deadline starts
+    jobs: dict[str, Callable[..., Any]] = dict(getattr(job_module, "WORKER_JOBS", {}))
     jobs.update({"_sleep": _test_sleep, "_crash": _test_crash})
     _write_all(fd_out, _frame(("ready", os.getpid())))
     while True:

@@ -178,7 +178,7 @@ def canoe_math_equal(gold: str, pred: str) -> bool:
 
 # ============================================================================ 2. R1-Zero: normalise, then sympy
 
-MAX_R1_CHARS = 1000  # longer answers are compared after normalisation only, never parsed
+MAX_R1_CHARS = 1000  # longer answers are compared as stripped strings: normalising them is not linear-time
 
 # Unit words removed after a number (seed 002: "5 apples" is 5). Dollars are deliberately absent (worked case
 # `units_dollars`): `\$` is the currency sign we drop.
@@ -192,7 +192,7 @@ _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm)\s*\{([^{}]*)\}")  #
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|°")
 _PERCENT = re.compile(r"\\%|%|\s*\bpercent\b")
 _LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![A-Za-z])")
-_SPACING = re.compile(r"\\[,;:! ]|\\quad|\\qquad")
+_SPACING = re.compile(r"(?<!\\)\\[,;:! ]|\\quad|\\qquad")  # not the `\\` row break of a matrix
 _VARIABLE_PREFIX = re.compile(r"^[A-Za-z]\w{0,2}\s*=(?!=)\s*")  # `x = 5`, `xy = 5`
 _MIXED_NUMBER = re.compile(r"^(-?)(\d+)\s+(\d+)\s*/\s*(\d+)$")  # `7 3/4`
 _THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
@@ -207,7 +207,7 @@ def _short_frac(match: re.Match) -> str:
         return f"\\frac{{{match.group(1)}}}{{{match.group(2)}}}"
     if match.group(3):
         return f"\\frac{{{match.group(3)}}}"
-    return f"{match.group(5)}{{{match.group(6)}}}"
+    return f"{match.group(4)}{{{match.group(5)}}}"
 
 
 def normalize_math_answer(answer: str) -> str:
@@ -221,7 +221,7 @@ def normalize_math_answer(answer: str) -> str:
     text = text.replace("\\!", "")
     text = re.sub(r"\\[dt]frac", r"\\frac", text)
     text = _LEFT_RIGHT.sub("", text)
-    text = re.sub(r"\\[bvBV]matrix|\\matrix", r"\\pmatrix", text.replace("{bmatrix}", "{pmatrix}"))
+    text = text.replace("{bmatrix}", "{pmatrix}")  # the same matrix in other brackets
     text = re.sub(r"\\geq(?![A-Za-z])", r"\\ge", re.sub(r"\\leq(?![A-Za-z])", r"\\le", text))
     text = re.sub(r"\\neq(?![A-Za-z])", r"\\ne", text)
     text = _DEGREES.sub("", text)  # `90^\circ` -> 90
@@ -470,26 +470,44 @@ def last_boxed(text: str) -> str | None:
     return None if end is None else text[brace + 1 : end]
 
 
+def r1_worker_equal(gold: str, pred: str, fast: bool) -> bool:
+    """Worker job for r1_grade: exact sympy equivalence, then (fast=False) math-verify's reading."""
+    if sympy_equivalent(normalize_math_answer(pred), normalize_math_answer(gold)):
+        return True
+    gold, pred = gold.strip(), pred.strip()
+    return not fast and r1_latex_candidate(gold) and r1_latex_candidate(pred) and r1_latex_equal(gold, pred)
+
+
 def r1_grade(model_answer: str, ground_truth: str, fast: bool = True, grader: MathGrader | None = None) -> bool:
-    """SPEC step 5: normalised strings match, or sympy shows them equal, or (fast=False) math-verify does."""
+    """SPEC step 5: the normalised strings match, or sympy shows them equal, or (fast=False) math-verify does.
+
+    The string check runs here; sympy and math-verify run in `grader`'s workers (default: `default_grader()`)
+    under its deadline, because both can take seconds on hostile input (`(x+1)^{32}(y+1)^{32}` expands for
+    ~8 s). A timeout counts as not equal. Answers over MAX_R1_CHARS are compared as stripped strings.
+    """
     if "\\boxed" in ground_truth or "\\fbox" in ground_truth:
         ground_truth = last_boxed(ground_truth) or ground_truth
-    pred_norm, gold_norm = normalize_math_answer(model_answer), normalize_math_answer(ground_truth)
-    if gold_norm and pred_norm == gold_norm:
-        return True
-    if sympy_equivalent(pred_norm, gold_norm):
-        return True
-    if fast:
+    if len(model_answer) > MAX_R1_CHARS or len(ground_truth) > MAX_R1_CHARS:
+        return model_answer.strip() == ground_truth.strip()  # the normalising regexes are not linear-time
+    gold_norm = normalize_math_answer(ground_truth)
+    if not gold_norm:
         return False
-    gold, pred = ground_truth.strip(), model_answer.strip()
-    if not (r1_latex_candidate(gold) and r1_latex_candidate(pred)):
-        return False
-    return (grader or default_grader()).run_jobs("r1_latex", [(gold, pred)])[0]
+    if normalize_math_answer(model_answer) == gold_norm:
+        return True
+    return (grader or default_grader()).r1_equivalent(ground_truth, model_answer, fast)
 
 
 # ============================================================================ 3. MathGrader: parallel, deadline
 
-WORKER_JOBS = {"canoe": canoe_math_equal, "r1_latex": r1_latex_equal}  # what deadline workers may run
+WORKER_JOBS = {"canoe": canoe_math_equal, "r1": r1_worker_equal}  # what deadline workers may run
+
+
+def warm_up() -> None:
+    """Run once in each worker before it reports ready. math-verify compiles its regexes and sympy imports its
+    polynomial and radical code on first use (up to ~0.3 s); that must not count against a sample's deadline."""
+    for gold, pred in (("\\frac{1}{2}", "0.5"), ("x^2-1", "(x-1)(x+1)"), ("\\sqrt{8}", "2\\sqrt{2}"), ("120", "5!"), ("(1,2)", "[1,2)")):
+        canoe_math_equal(gold, pred)
+        r1_worker_equal(gold, pred, fast=False)
 
 
 def _quiet_math_verify() -> None:
@@ -534,18 +552,23 @@ class MathGrader:
             verdicts.append(gold == pred)
             if gold != pred and needs_math_verify(gold, pred):
                 to_grade.setdefault((gold, pred), []).append(i)
-        results = self.run_jobs("canoe", list(to_grade))
+        # identical spans never get here, so the string-match fallback of a timed-out pair is always False
+        results = self._run("canoe", list(to_grade), [gold == pred for gold, pred in to_grade])
         for indices, result in zip(to_grade.values(), results):
             for i in indices:
                 verdicts[i] = result
         return verdicts
 
-    def run_jobs(self, job: str, pairs: list[tuple]) -> list:
-        """Run a worker job on each argument tuple; a timeout, crash or error falls back to `a == b`."""
-        if not pairs:
+    def r1_equivalent(self, gold: str, pred: str, fast: bool) -> bool:
+        """The worker part of `r1_grade` (sympy, plus math-verify when not fast); False on timeout."""
+        return self._run("r1", [(gold, pred, fast)], [False])[0]
+
+    def _run(self, job: str, calls: list[tuple], fallbacks: list[bool]) -> list:
+        """Run a worker job on each argument tuple; a timeout, crash or error gives that call's fallback."""
+        if not calls:
             return []
         results = []
-        for args, outcome in zip(pairs, self._pool.run([(job, args) for args in pairs])):
+        for fallback, outcome in zip(fallbacks, self._pool.run([(job, args) for args in calls])):
             self.slowest_s = max(self.slowest_s, outcome.seconds)
             if outcome.status == "ok":
                 results.append(outcome.value)
@@ -556,7 +579,7 @@ class MathGrader:
                     logger.warning("grader job failed (%s); counted in MathGrader.errors from now on", outcome.value)
             else:
                 self.timeouts += 1
-            results.append(len(args) == 2 and args[0] == args[1])  # exact string match
+            results.append(fallback)
         return results
 
     def close(self) -> None:

@@ -1,0 +1,337 @@
+"""Tests for rewards.py: every worked case in shared/cases, our own cases, hostile input, the debug log.
+
+Run: .venv/bin/python -m pytest tests/test_rewards.py -q
+"""
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the modules live at the repo root
+
+import rewards  # noqa: E402
+from grader import MathGrader  # noqa: E402
+from rewards import (  # noqa: E402
+    REWARD_FUNCS,
+    REWARD_ISSUES,
+    accuracy_reward,
+    format_reward,
+    influence_reward,
+    len_reward,
+    r1_zero_reward_fn,
+)
+
+CASES_DIR = Path(__file__).resolve().parents[2] / "shared" / "cases"
+CANOE_CASES = json.loads((CASES_DIR / "canoe_reward_cases.json").read_text())
+R1_CASES = json.loads((CASES_DIR / "r1_zero_cases.json").read_text())
+DEADLINE_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def math_grader():
+    with MathGrader(workers=2, deadline_s=DEADLINE_S) as shared:
+        yield shared
+
+
+def chat(text):
+    """One completion entry as the trainer passes it: a list of messages."""
+    return [{"role": "assistant", "content": text}]
+
+
+def tagged(answer, think="t", long_answer="l"):
+    return f"<think>{think}</think><long_answer>{long_answer}</long_answer><answer>{answer}</answer>"
+
+
+# ------------------------------------------------------------------------------------------------ worked cases
+
+
+def run_case(case, math_grader):
+    fn = case["fn"]
+    if fn == "accuracy":
+        return accuracy_reward([chat(case["completion"])], [case["solution"]], grader=math_grader)[0]
+    if fn == "format":
+        return format_reward([chat(case["completion"])])[0]
+    if fn == "influence":
+        return influence_reward([chat(case["completion"])], [case["solution"]], [case["long_answer_completion"]])[0]
+    if fn == "length":
+        return len_reward([chat(case["completion"])], [case["problem"]])[0]
+    raise AssertionError(f"unknown fn {fn}")
+
+
+REWARD_CASES = [c for c in CANOE_CASES if c["fn"] != "substitute_context"]  # substitute_context: rollout.py's tests
+
+
+def test_case_file_is_covered():
+    assert {c["fn"] for c in REWARD_CASES} == {"accuracy", "format", "influence", "length"}
+    assert len(REWARD_CASES) + sum(c["fn"] == "substitute_context" for c in CANOE_CASES) == len(CANOE_CASES)
+
+
+@pytest.mark.parametrize("case", REWARD_CASES, ids=[c["id"] for c in REWARD_CASES])
+def test_canoe_case(case, math_grader):
+    assert run_case(case, math_grader) == case["expected"]
+
+
+def r1_values(case, fast, math_grader):
+    result = r1_zero_reward_fn(case["response"], case["ground_truth"], fast=fast, grader=math_grader)
+    assert set(result) == {"format_reward", "answer_reward", "reward"}
+    return [result["format_reward"], result["answer_reward"], result["reward"]]
+
+
+@pytest.mark.parametrize("case", R1_CASES, ids=[c["id"] for c in R1_CASES])
+def test_r1_case_fast(case, math_grader):
+    values = r1_values(case, True, math_grader)
+    assert all(low <= v <= high for low, v, high in zip(case["fast_at_least"], values, case["expected"])), values
+
+
+@pytest.mark.parametrize("case", R1_CASES, ids=[c["id"] for c in R1_CASES])
+def test_r1_case_slow(case, math_grader):
+    assert r1_values(case, False, math_grader) == case["expected"]
+
+
+# ------------------------------------------------------------------------------------------------ our own cases
+
+
+@pytest.mark.parametrize(
+    "completion, solution, expected",
+    [
+        (tagged("2\\sqrt{2}"), "<answer>\\sqrt{8}</answer>", 1.0),
+        (tagged("1,000"), "<answer>1000</answer>", 1.0),
+        (tagged("$\\frac{1}{2}$"), "<answer>0.5</answer>", 1.0),
+        (tagged("x = 5"), "<answer>5</answer>", 1.0),
+        (tagged("ab"), "<answer>ba</answer>", 0.0),
+        (tagged("A+1"), "<answer>a+1</answer>", 0.0),
+        (tagged("1939-1943"), "<answer>1914-1918</answer>", 0.0),  # both are -4 as subtractions
+        (tagged("Marie Curie"), "<answer>Marie  Curie</answer>", 0.0),  # string match is exact
+        (tagged("41", think="the answer is 42"), "<answer>42</answer>", 0.0),  # <think> never counts
+        ("42 <answer>41</answer> <answer>42</answer>", "<answer>42</answer>", 0.0),  # the first <answer> counts
+        ("<answer>42", "<answer>42</answer>", 0.0),  # unclosed: the whole text is the span
+        (tagged("42"), "42", 1.0),
+        (tagged(""), "<answer></answer>", 1.0),  # identical (empty) spans
+    ],
+)
+def test_accuracy_extra(completion, solution, expected, math_grader):
+    assert accuracy_reward([chat(completion)], [solution], grader=math_grader) == [expected]
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        (tagged("c") + "\n", 1.0),  # the original failed on the trailing newline
+        ("\n  " + tagged("c") + "  \n", 1.0),
+        ("<think>a</think>\n\n<long_answer>b</long_answer> \t<answer>c</answer>", 1.0),
+        (tagged("c") + ".", 0.0),
+        ("x" + tagged("c"), 0.0),
+        ("<think>a</think><answer>c</answer><long_answer>b</long_answer>", 0.0),
+        ("<think><think>a</think></think><long_answer>b</long_answer><answer>c</answer>", 1.0),  # lazy .*? allows
+        ("<think>a</think><long_answer>b</long_answer><answer>c</answer><answer>d</answer>", 1.0),  # as the regex
+        ("<think></think><long_answer></long_answer><answer></answer>", 1.0),
+        ("<think>a</think><long_answer>b</long_answer><answer>", 0.0),
+    ],
+)
+def test_format_extra(completion, expected):
+    assert format_reward([chat(completion)]) == [expected]
+
+
+FORMAT_REGEX = re.compile(r"<think>.*?</think>\s*<long_answer>.*?</long_answer>\s*<answer>.*?</answer>", re.DOTALL)
+TAG_PIECES = ["<think>", "</think>", "<long_answer>", "</long_answer>", "<answer>", "</answer>", " ", "\n", "a", "<"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(TAG_PIECES), max_size=14))
+def test_format_matches_the_spec_regex(pieces):
+    text = "".join(pieces)
+    expected = 1.0 if FORMAT_REGEX.fullmatch(text.strip()) else 0.0
+    assert format_reward([chat(text)]) == [expected]
+
+
+def test_format_is_linear_on_hostile_tags():
+    text = "<think>" + "</think> " * 100_000 + "</long_answer>" * 100_000 + "</answer>"
+    start = time.monotonic()
+    assert format_reward([chat(text)]) == [0.0]
+    assert time.monotonic() - start < 1.0
+
+
+def test_influence_extra():
+    solution = ["<answer>42</answer>"] * 4
+    stage2 = [None, chat("<answer>42</answer>"), "not messages", chat(None)]
+    assert influence_reward([chat("x")] * 4, solution, stage2) == [0.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "long_answer, problem, expected",
+    [
+        ("y" * 50, [{"role": "system", "content": "s"}, {"role": "user", "content": "<context>" + "x" * 100 + "</context>\n\nQ"}], 1.0),
+        ("y" * 80, "<context>" + "x" * 100 + "</context>", 0.0),  # exactly 80%: strict
+        ("y" * 79, "<context>" + "x" * 100 + "</context>", 1.0),
+        ("y" * 50, "<context>" + "x" * 100 + "</context> and <context>x</context>", 1.0),  # first context
+        ("y" * 50, "<context>   </context>", 0.0),  # empty after stripping
+        ("y" * 50, None, 0.0),
+    ],
+)
+def test_length_extra(long_answer, problem, expected):
+    assert len_reward([chat(tagged("a", long_answer=long_answer))], [problem]) == [expected]
+
+
+def test_registry():
+    assert set(REWARD_FUNCS) == {"accuracy", "format", "influence", "length"}
+    assert REWARD_FUNCS["length"] is len_reward
+
+
+def test_trainer_kwargs_are_accepted(math_grader, tmp_path):
+    # the trainer passes grader= and log_dir= (and dataset columns) to every reward
+    common = dict(grader=math_grader, log_dir=str(tmp_path), solution=["<answer>1</answer>"],
+                  problem=["<context>" + "x" * 10 + "</context>"], completions_long_answer=[None], extra_column=[1])
+    for fn in REWARD_FUNCS.values():
+        assert fn([chat(tagged("1"))], **common) in ([0.0], [1.0])
+
+
+def test_length_mismatch_pads_and_counts(math_grader):
+    before = REWARD_ISSUES["accuracy/malformed"]
+    assert accuracy_reward([chat("1"), chat("2")], ["1"], grader=math_grader) == [1.0, 0.0]
+    assert REWARD_ISSUES["accuracy/malformed"] == before + 1
+
+
+def test_unexpected_error_is_counted_not_raised():
+    class BrokenGrader:
+        def equivalent_batch(self, golds, preds):
+            raise ValueError("bug")
+
+    before = REWARD_ISSUES["accuracy/error"]
+    assert accuracy_reward([chat("1"), chat("2")], ["1", "2"], grader=BrokenGrader()) == [0.0, 0.0]
+    assert REWARD_ISSUES["accuracy/error"] == before + 1
+
+
+def test_r1_ground_truth_types(math_grader):
+    response = "<think>r</think> <answer>5</answer>"
+    assert r1_zero_reward_fn(response, ["4", "5"], grader=math_grader)["reward"] == 1.0
+    for bad in (None, {"a": 1}, ("5",), ["5", 5], True):
+        with pytest.raises(TypeError):
+            r1_zero_reward_fn(response, bad)
+
+
+# ------------------------------------------------------------------------------------------------ debug log
+
+
+def test_debug_log(monkeypatch, tmp_path, math_grader):
+    monkeypatch.setenv("DEBUG_MODE", "true")
+    monkeypatch.delenv("LOG_PATH", raising=False)
+    accuracy_reward([chat(tagged("42")), chat("\ud800")], ["<answer>42</answer>"] * 2, grader=math_grader,
+                    log_dir=str(tmp_path))
+    influence_reward([chat("x")], ["<answer>42</answer>"], [chat("<answer>42</answer>")], log_dir=str(tmp_path))
+    accuracy_log = (tmp_path / "accuracy_reward.log").read_text()
+    assert re.search(r"^-+ \d{4}-\d\d-\d\d [\d:.]+ Accuracy reward: 1\.0 -+$", accuracy_log, re.M)
+    assert "Accuracy reward: 0.0" in accuracy_log and "Content: \\ud800" in accuracy_log
+    assert "Solution: <answer>42</answer>\n\n" in accuracy_log
+    influence_log = (tmp_path / "influence_accuracy_reward.log").read_text()
+    assert "influence_Accuracy reward: 1.0" in influence_log
+
+    monkeypatch.setenv("LOG_PATH", str(tmp_path / "all.log"))
+    influence_reward([chat("x")], ["<answer>1</answer>"], [None])
+    assert "influence_Accuracy reward: 0.0" in (tmp_path / "all.log").read_text()
+
+
+def test_no_log_without_debug_mode(monkeypatch, tmp_path, math_grader):
+    monkeypatch.delenv("DEBUG_MODE", raising=False)
+    accuracy_reward([chat("1")], ["1"], grader=math_grader, log_dir=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------------ hostile input
+
+MEGABYTE = "x" * 1_000_000
+HOSTILE_TEXTS = [
+    None,
+    42,
+    3.5,
+    ["nested", ["list"]],
+    {"content": "not in a list"},
+    "",
+    "<answer>",
+    "</answer><answer>",
+    "<answer>" * 100_000,
+    "<think>" + MEGABYTE + "</think><long_answer>" + MEGABYTE + "</long_answer><answer>1</answer>",
+    "<answer>" + MEGABYTE + "</answer>",
+    "<answer>" + "\\frac{" * 10_000 + "</answer>",
+    "<answer>" + "(" * 300 + "1" + ")" * 300 + "</answer>",
+    "<answer>\ud800</answer>",
+    "\ud800\udfff\x00",
+    "<answer>9^{9^{9^{9}}}</answer>",
+    "<answer>1" + " " * 100_000 + "</answer>",
+]
+
+
+def hostile_entries():
+    """Completion entries of every broken shape: the text itself, and texts inside well-formed messages."""
+    entries = [None, 42, "bare string", [], [None], [{"role": "assistant"}], [{"content": 42}]]
+    return entries + [chat(text) for text in HOSTILE_TEXTS]
+
+
+def test_hostile_inputs_give_zero_and_never_raise(math_grader):
+    entries = hostile_entries()
+    n = len(entries)
+    errors_before = sum(v for k, v in REWARD_ISSUES.items() if k.endswith("/error"))
+    start = time.monotonic()
+    results = {
+        "accuracy": accuracy_reward(entries, ["<answer>1</answer>"] * n, grader=math_grader),
+        "format": format_reward(entries),
+        "influence": influence_reward(entries, ["<answer>1</answer>"] * n, entries),
+        "length": len_reward(entries, ["<context>" + "x" * 10 + "</context>"] * n),
+        "accuracy_bad_solution": accuracy_reward(entries, [None, 1, ["x"]] * (n // 3) + [None] * (n % 3), grader=math_grader),
+    }
+    assert time.monotonic() - start < 10.0
+    for name, values in results.items():
+        assert len(values) == n, name
+        assert set(values) <= {0.0, 1.0}, name
+    # two hostile texts are in fact right: the megabyte one is well formed, and "1" padded with spaces strips to 1
+    well_formed, padded = (entries.index(chat(t)) for t in (HOSTILE_TEXTS[9], HOSTILE_TEXTS[16]))
+    assert results["format"] == [1.0 if i == well_formed else 0.0 for i in range(n)]
+    assert results["accuracy"] == [1.0 if i in (well_formed, padded) else 0.0 for i in range(n)]
+    assert results["accuracy_bad_solution"] == [0.0] * n
+    assert sum(v for k, v in REWARD_ISSUES.items() if k.endswith("/error")) == errors_before  # none unexpected
+    for name in ("accuracy", "format", "influence", "length"):
+        assert REWARD_FUNCS[name](None, solution=None, completions_long_answer=None, problem=None) == []
+
+
+def test_hostile_r1_inputs(math_grader):
+    for text in HOSTILE_TEXTS:
+        for fast in (True, False):
+            response = text if not isinstance(text, str) else f"<think>r</think> <answer>{text}</answer>"
+            start = time.monotonic()
+            result = r1_zero_reward_fn(response, "1", fast=fast, grader=math_grader)
+            assert time.monotonic() - start < DEADLINE_S + 3.0  # + a replacement worker's start-up
+            assert set(result.values()) <= {0.0, 1.0}
+
+
+PIECES = st.sampled_from(
+    ["<answer>", "</answer>", "<think>", "</think>", "<long_answer>", "</long_answer>", "\\frac{", "\\sqrt", "{", "}",
+     "^", "9", "1", "0", ".", ",", "-", ":", "x", "A", "Paris", " ", "\n", "$", "\\", "\ud800", "\\boxed{", "(", ")",
+     "[", "]", "\\text{", "=", "%", "\\pi", "e"]
+)
+HOSTILE_TEXT = st.one_of(st.lists(PIECES, max_size=30).map("".join), st.text(max_size=60))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(HOSTILE_TEXT, HOSTILE_TEXT), min_size=1, max_size=4))
+def test_property_rewards_never_raise_nor_overrun(math_grader, samples):
+    completions = [chat(text) for text, _ in samples]
+    solutions = [gold for _, gold in samples]
+    n = len(samples)
+    errors_before = sum(v for k, v in REWARD_ISSUES.items() if k.endswith("/error"))
+    start = time.monotonic()
+    for name, fn in REWARD_FUNCS.items():
+        values = fn(completions, solution=solutions, completions_long_answer=completions, problem=solutions,
+                    grader=math_grader)
+        assert len(values) == n and set(values) <= {0.0, 1.0}, name
+    # each math pair runs under the deadline; a killed worker's replacement may add its start-up once
+    assert time.monotonic() - start < n * (DEADLINE_S + 0.5) + 3.0
+    assert math_grader.slowest_s < DEADLINE_S + 0.5
+    assert sum(v for k, v in REWARD_ISSUES.items() if k.endswith("/error")) == errors_before  # nothing unforeseen
+    gold, pred = samples[0]
+    result = r1_zero_reward_fn(f"<think>r</think> <answer>{pred}</answer>", gold, fast=False, grader=math_grader)
+    assert set(result.values()) <= {0.0, 1.0}
