@@ -179,9 +179,10 @@ def print_side(label: str, summary: dict) -> None:
     seconds = ", ".join(f"{s:.2f}" for s in summary["seconds"])
     print(f"{label}: median {summary['median_seconds']:.2f} s/step  (steps: {seconds}; warm-up "
           f"{summary['warmup_seconds']:.2f})")
-    tokens = summary["median_step"].get("completion_tokens_mean")
-    if tokens is not None:
-        print(f"  mean completion length in its median step: {tokens:.1f} tokens")
+    completion = summary["median_step"].get("completion_tokens_mean")
+    if completion is not None:
+        prompt = summary["median_step"].get("prompt_tokens_mean", float("nan"))
+        print(f"  mean prompt / completion length in its median step: {prompt:.0f} / {completion:.0f} tokens")
     print(f"  phases of its median step ({summary['median_step']['seconds']:.2f} s):")
     for name, share in summary["phase_shares"].items():
         seconds = summary["median_step"].get("phases", {}).get(name)
@@ -256,7 +257,8 @@ def main() -> None:
               f"per_device_train_batch_size {info.get('per_device_train_batch_size')} x "
               f"gradient_accumulation_steps {info.get('gradient_accumulation_steps')}, gradient checkpointing "
               f"{'on' if info.get('gradient_checkpointing') else 'off'}")
-        print("TRL has no second stage (no stage-2 generation, no influence reward) and no vLLM on the CPU.")
+        print("TRL has no second stage (no stage-2 generation, no influence reward); its vLLM modes do not run on "
+              "the CPU build, so it generates with transformers.")
     if "ours" in summaries:
         print_side("ours", summaries["ours"])
         print(f"overhead share: {100 * summaries['ours']['overhead_share']:.0f}%")
