@@ -69,6 +69,8 @@ class Config:
     eval_file: str = _key("data/synth/eval.jsonl", "evaluation JSONL (or ConFiQA-style JSON) for --eval")
     max_prompt_tokens: int = _key(1024, "prompts longer than this (with the chat template) are handled by on_long_prompt")
     on_long_prompt: str = _key("drop", "drop (remove and report their ids) or error")
+    system_prompt: str = _key("", "system prompt; empty = data.SYSTEM_PROMPT (../shared/SPEC.md section 2)")
+    response_prefix: str = _key("", "text that opens every answer, e.g. \"<think>\" (R1-Zero's prompt end)")
     # --- rollout
     num_generations: int = _key(7, "G, samples per prompt in stage 1 (the group of the advantage)")
     max_completion_tokens: int = _key(1024, "max new tokens per completion, stage 1 and stage 2")
@@ -372,7 +374,7 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", data.PromptOverflowWarning)
         rows, report = data.prepare_prompts(tokenizer, data.load_dataset(cfg.train_file), cfg.max_prompt_tokens,
-                                            cfg.on_long_prompt)
+                                            cfg.on_long_prompt, **prompt_style(cfg))
     print0(f"data: {cfg.train_file}: {report.summary()}")
     sampler = data.PromptSampler(len(rows), cfg.prompts_per_step, cfg.seed, rank, world_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.num_epochs * sampler.steps_per_epoch))
@@ -413,6 +415,12 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     if resume:
         restore(run)
     return run
+
+
+def prompt_style(cfg: Config) -> dict[str, str]:
+    import data
+
+    return {"system_prompt": cfg.system_prompt or data.SYSTEM_PROMPT, "response_prefix": cfg.response_prefix}
 
 
 def make_probe(tokenizer, row: dict) -> tuple[list[int], list[int]]:
@@ -542,7 +550,8 @@ def train_step(run: Run) -> dict[str, float]:
     rows = [run.rows[i] for i in run.sampler.next_batch()]  # B = prompts_per_step rows
 
     def render(problem: str) -> list[int]:  # stage-2 prompt: same system prompt and chat template as stage 1
-        return run.tokenizer(data.render_prompt(run.tokenizer, problem), add_special_tokens=False)["input_ids"]
+        text = data.render_prompt(run.tokenizer, problem, **prompt_style(cfg))
+        return run.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_tokens,
                     seed=cfg.seed, step=run.step, rank=run.rank)
@@ -558,6 +567,11 @@ def train_step(run: Run) -> dict[str, float]:
         else:
             stage2 = rollout.Stage2([None] * len(completions), [None] * len(completions), 0)
     rollout.release_memory(run.llm, run.sleep)
+    if cfg.response_prefix:  # the prefix sits in the prompt, but the rewards judge the whole answer
+        completions = [dataclasses.replace(c, text=cfg.response_prefix + c.text) for c in completions]
+        stage2 = dataclasses.replace(stage2, completions=[
+            None if c is None else dataclasses.replace(c, text=cfg.response_prefix + c.text)
+            for c in stage2.completions])
 
     with timer("rewards"):
         timeouts_before = run.grader.timeouts
@@ -621,7 +635,10 @@ def train_step(run: Run) -> dict[str, float]:
         run.bad_steps_in_a_row = 0
 
     with timer("weight_push"):
-        push_seconds = rollout.push_weights(run.llm, rollout.iter_full_parameters(run.engine.module, cfg.zero_stage))
+        weights = rollout.iter_full_parameters(run.engine.module, cfg.zero_stage)
+        if os.environ.get("CANOE_FAULT") == "corrupt_push":  # test hook: a push that loads the wrong values
+            weights = ((name, 2 * tensor) for name, tensor in weights)
+        push_seconds = rollout.push_weights(run.llm, weights)
         sync_diff = verify_push(run)
 
     run.step += 1
@@ -779,7 +796,7 @@ def train(cfg: Config, resume: bool) -> None:
             checkpoint.save_checkpoint(run.out, run.step, engine=run.engine, tokenizer=run.tokenizer,
                                        zero_stage=cfg.zero_stage, trainer_state=state, rank=run.rank,
                                        keep=cfg.keep_checkpoints)
-        checkpoint._fault_point(f"after_step_{run.step}")
+        checkpoint.fault_point(f"after_step_{run.step}")
     bar.close()
     log.close()
     run.grader.close()

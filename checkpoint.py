@@ -72,7 +72,7 @@ def save_checkpoint(output_dir: str | Path, step: int, *, engine, tokenizer, zer
     torch.save(rng_state(), staging / "rng" / f"rank-{rank}.pt")
     if rank == 0:
         (staging / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
-    _fault_point("mid_checkpoint")
+    fault_point(f"mid_checkpoint_{step}")
     _barrier()
     if rank == 0:
         shutil.rmtree(final, ignore_errors=True)
@@ -115,7 +115,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _fault_point(name: str) -> None:
+def fault_point(name: str) -> None:
     """Test hook: `CANOE_FAULT=<name>` kills the process here, as a crash or a pre-emption would."""
     if os.environ.get("CANOE_FAULT") == name:
         os._exit(17)

@@ -245,14 +245,19 @@ SYSTEM_PROMPT = (
 OVERFLOW_RULES = ("drop", "error")
 
 
-def build_messages(problem: str) -> list[dict]:
+def build_messages(problem: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict]:
     """The chat for one prompt: the system prompt, then the problem as the user message."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem}]
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": problem}]
 
 
-def render_prompt(tokenizer: Any, problem: str) -> str:
-    """The prompt text the model sees: the chat template applied, ending with the assistant's turn opener."""
-    return tokenizer.apply_chat_template(build_messages(problem), add_generation_prompt=True, tokenize=False)
+def render_prompt(tokenizer: Any, problem: str, system_prompt: str = SYSTEM_PROMPT, response_prefix: str = "") -> str:
+    """The prompt text the model sees: the chat template applied, ending with the assistant's turn opener.
+
+    `response_prefix` is written after the opener as the first words of the answer (R1-Zero ends its prompt with
+    `<think>`, seed 002); the trainer counts it as part of the completion the rewards see, never as trained tokens.
+    """
+    chat = build_messages(problem, system_prompt)
+    return tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) + response_prefix
 
 
 @dataclass(frozen=True)
@@ -301,7 +306,8 @@ class PromptOverflowWarning(UserWarning):
 
 
 def prepare_prompts(
-    tokenizer: Any, rows: Sequence[dict], max_prompt_tokens: int, on_overflow: str = "drop"
+    tokenizer: Any, rows: Sequence[dict], max_prompt_tokens: int, on_overflow: str = "drop",
+    system_prompt: str = SYSTEM_PROMPT, response_prefix: str = "",
 ) -> tuple[list[dict], PromptReport]:
     """Render and tokenize every row's prompt; keep those within `max_prompt_tokens`.
 
@@ -317,7 +323,7 @@ def prepare_prompts(
         raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
     if not rows:
         raise DataError("no rows to prepare")
-    texts = [render_prompt(tokenizer, row["problem"]) for row in rows]
+    texts = [render_prompt(tokenizer, row["problem"], system_prompt, response_prefix) for row in rows]
     # The chat template already writes every special token (BOS included where the model has one); letting the
     # tokenizer add its own would double them and make the count wrong.
     all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]

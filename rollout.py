@@ -11,10 +11,10 @@ trainer pushes its weights into the engine (`push_weights`) and `check_sync` pro
 vLLM's log-probabilities of a fixed probe completion with the trainer's: a sync that silently fails is the most
 common bug in GRPO trainers.
 
-Sampling is seeded per request (`SamplingParams(seed=...)` with `n=1`, one request per sample) from the run
-seed, the step, the rank and the sample's index, so a resumed run draws exactly the samples the uninterrupted run
-would have drawn. (A per-request seed with `n>1` fails on vLLM's CPU backend; one request per sample with a
-shared prompt prefix costs nothing extra thanks to prefix caching.)
+Sampling is seeded from the run seed, the step, the rank and the stage, so a resumed run draws exactly the
+samples the uninterrupted run would have drawn. vLLM runs in-process, so this is done by seeding torch's
+generator right before each `generate` call. (vLLM's per-request `SamplingParams(seed=...)` fails on its CPU
+backend with `n>1`, and with `n=1` whenever a prompt's prefill is split over two scheduler steps.)
 
 Deliberate difference from the original CANOE code: the original builds the stage-2 prompt with
 `re.sub(pattern, f"<context>{re.escape(long_answer)}</context>", ...)`, which leaves a backslash before every
@@ -85,7 +85,7 @@ class Completion:
 
 
 def request_seed(*parts: int | str) -> int:
-    """A stable 63-bit seed from the run seed, step, rank and sample index (Python's hash() is salted per run)."""
+    """A stable 63-bit seed from the run seed, stage, step and rank (Python's hash() is salted per run)."""
     digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
@@ -102,6 +102,9 @@ def make_engine(
     """One colocated vLLM engine for this training process (tensor parallel 1, driven by our launcher)."""
     from vllm import LLM
 
+    if not torch.cuda.is_available():
+        keep_cpu_linear_weights()
+
     return LLM(
         model=model_path,
         dtype=dtype,
@@ -116,34 +119,38 @@ def make_engine(
     )
 
 
-def _sample(llm, prompts: Sequence[Sequence[int]], seeds: Sequence[int], *, temperature: float, top_p: float,
+def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, temperature: float, top_p: float,
             max_tokens: int) -> list[Completion]:
+    """`n` samples per prompt, prompt-major: returns len(prompts)·n completions.
+
+    vLLM runs in this process, so it samples with this process's torch generator: seeding it right before the
+    call makes the draw a function of `seed` alone (the trainer's own RNG stream is saved and restored around it).
+    """
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = [
-        SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=s)
-        for s in seeds
-    ]
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
     completions = []
     for output in outputs:
-        sample = output.outputs[0]
-        # With logprobs=0 vLLM returns, per position, a dict holding just the sampled token's log-probability.
-        logprobs = tuple(step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids))
-        completions.append(
-            Completion(sample.text, tuple(sample.token_ids), logprobs, sample.finish_reason or "length")
-        )
+        # vLLM may return the n samples of a request in any order; sort by index for a reproducible layout.
+        for sample in sorted(output.outputs, key=lambda o: o.index):
+            # With logprobs=0 vLLM returns, per position, a dict holding the sampled token's log-probability.
+            logprobs = tuple(step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids))
+            completions.append(
+                Completion(sample.text, tuple(sample.token_ids), logprobs, sample.finish_reason or "length")
+            )
     return completions
 
 
 def generate_stage1(llm, prompt_ids: Sequence[Sequence[int]], *, num_generations: int, temperature: float,
                     top_p: float, max_tokens: int, seed: int, step: int, rank: int) -> list[Completion]:
     """G samples per prompt. Returns N = B·G completions, grouped: prompt b owns indices b·G … b·G+G-1."""
-    G = num_generations
-    prompts = [p for p in prompt_ids for _ in range(G)]  # (B·G,) prompts
-    seeds = [request_seed(seed, "stage1", step, rank, i) for i in range(len(prompts))]
-    return _sample(llm, prompts, seeds, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+    return _sample(llm, prompt_ids, num_generations, request_seed(seed, "stage1", step, rank),
+                   temperature=temperature, top_p=top_p, max_tokens=max_tokens)
 
 
 @dataclass(frozen=True)
@@ -181,8 +188,8 @@ def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completi
             continue
         todo.append(i)
         prompts.append(ids)
-    seeds = [request_seed(seed, "stage2", step, rank, i) for i in todo]
-    sampled = _sample(llm, prompts, seeds, temperature=temperature, top_p=top_p, max_tokens=max_tokens) if todo else []
+    sampled = _sample(llm, prompts, 1, request_seed(seed, "stage2", step, rank), temperature=temperature,
+                      top_p=top_p, max_tokens=max_tokens) if todo else []
     results: list[Completion | None] = [None] * len(completions)
     for i, completion in zip(todo, sampled):
         results[i] = completion
@@ -220,6 +227,30 @@ def iter_full_parameters(model: torch.nn.Module, zero_stage: int) -> Iterator[tu
             # as soon as this block exits.
             copies = [(f"{module_name}.{name}" if module_name else name, p.detach().clone()) for name, p in own]
         yield from copies
+
+
+def keep_cpu_linear_weights() -> None:
+    """Make vLLM's CPU backend keep its linear weights as ordinary parameters.
+
+    By default vLLM's CPU backend repacks every linear weight into a oneDNN/SGL kernel handle after loading and
+    replaces the parameter by an empty tensor. `reload_weights` then loads new values that no kernel reads: the
+    push "succeeds" and generation goes on from the old weights (measured here: 2.4 nats of disagreement after
+    one perturbed push). Keeping the plain parameters and `torch.nn.functional.linear` makes a push land.
+    """
+    import torch.nn.functional as F
+    from vllm.model_executor.layers import utils
+
+    if getattr(utils.dispatch_cpu_unquantized_gemm, "keeps_weights", False):
+        return
+    packed = utils.dispatch_cpu_unquantized_gemm
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        if layer.weight.ndim != 2 or layer.weight.is_meta:
+            return packed(layer, remove_weight)
+        layer.cpu_linear = lambda x, weight, bias: F.linear(x, weight, bias)
+
+    dispatch.keeps_weights = True
+    utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
 def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> float:

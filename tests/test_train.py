@@ -1,0 +1,177 @@
+"""End-to-end training under the DeepSpeed launcher, on the CPU, with the smoke recipe.
+
+Each test launches `deepspeed canoe.py` for real (vLLM rollouts, rewards, loss, ZeRO updates, weight push) on the
+tiny format-taught model that `make setup` writes to models/smoke-llama, on prompts that model knows how to
+answer (so stage 2 has long answers to work with and rewards differ inside a group).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE_MODEL = ROOT / "models" / "smoke-llama"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from prepare_models import SMOKE_ANSWERS  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
+
+
+@pytest.fixture(scope="module")
+def smoke_data(tmp_path_factory) -> Path:
+    """Prompts shaped like the ones the smoke model was taught on, with answers among the ones it writes."""
+    path = tmp_path_factory.mktemp("data") / "smoke.jsonl"
+    rows = []
+    for i in range(8):
+        answer = SMOKE_ANSWERS[i % len(SMOKE_ANSWERS)]
+        rows.append({"id": f"smoke-{i}", "problem": f"<context>{answer} is mentioned here.</context>\n\nWhich city? ({i})",
+                     "solution": f"<answer>{answer}</answer>"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def write_config(tmp_path: Path, data: Path, **overrides) -> Path:
+    settings = {"train_file": str(data), "output_dir": str(tmp_path / "run"), **overrides}
+    lines = (ROOT / "recipes" / "smoke.toml").read_text().splitlines()
+    kept = [line for line in lines if line.split("=")[0].strip() not in settings]
+    kept += [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
+    path = tmp_path / "config.toml"
+    path.write_text("\n".join(kept) + "\n")
+    return path
+
+
+def launch(config: Path, ranks: int = 1, *args: str, fault: str | None = None, expect_ok: bool = True):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("CANOE_FAULT", None)
+    if fault:
+        env["CANOE_FAULT"] = fault
+    command = [str(ROOT / ".venv" / "bin" / "deepspeed"), "--num_gpus", str(ranks),
+               "--master_port", str(29600 + os.getpid() % 200), str(ROOT / "canoe.py"), "--config", str(config), *args]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    if expect_ok and result.returncode != 0:
+        raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}")
+    return result
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def policy_weights(run: Path, step: int | None = None) -> dict[str, torch.Tensor]:
+    checkpoints = run / "checkpoints"
+    name = f"step-{step:06d}" if step else (checkpoints / "latest").read_text().strip()
+    return load_file(checkpoints / name / "policy" / "model.safetensors")
+
+
+def check_run(run: Path, steps: int, tolerance: float) -> None:
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    for m in metrics:
+        # every push was verified, and within the configured tolerance (a failed check stops the run)
+        assert 0.0 <= m["sync/push_max_abs_diff"] <= tolerance
+        for key in ("reward/accuracy", "reward/format", "reward/influence", "reward/length", "loss/kl", "time/stage1"):
+            assert key in m
+    assert sum(m["stage2/regenerated_frac"] for m in metrics) > 0
+    # weights changed
+    before = load_file(SMOKE_MODEL / "model.safetensors")
+    after = policy_weights(run)
+    changed = [k for k in before if not torch.equal(before[k], after[k].to(before[k].dtype))]
+    assert changed, "no parameter changed"
+    # stage-2 prompts are the stage-1 problems with the long answer literally in place of the context
+    samples = read_jsonl(run / "samples.jsonl")
+    regenerated = [s for s in samples if s["stage2_problem"] is not None]
+    assert regenerated
+    for s in regenerated:
+        long_answer = s["completion"].split("<long_answer>", 1)[1].split("</long_answer>", 1)[0].strip()
+        question = s["problem"].split("</context>", 1)[1]
+        assert s["stage2_problem"] == f"<context>{long_answer}</context>{question}"
+    for s in samples:
+        if "<long_answer>" not in s["completion"] or "</long_answer>" not in s["completion"]:
+            assert s["stage2_problem"] is None and s["stage2_completion"] is None
+
+
+def test_one_rank_zero2(tmp_path, smoke_data):
+    config = write_config(tmp_path, smoke_data, max_steps=3)
+    launch(config, 1)
+    check_run(tmp_path / "run", 3, tolerance=1e-3)
+    info = json.loads((tmp_path / "run" / "run_config.json").read_text())
+    assert info["config"]["zero_stage"] == 2 and "deepspeed" in info["versions"]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_ranks(tmp_path, smoke_data, stage):
+    config = write_config(tmp_path, smoke_data, max_steps=2, zero_stage=stage)
+    launch(config, 2)
+    check_run(tmp_path / "run", 2, tolerance=1e-3)
+    # the two ranks drew different prompts: 2 ranks × 2 prompts per step
+    problems = [s["problem"] for s in read_jsonl(tmp_path / "run" / "samples.jsonl") if s["step"] == 1]
+    assert len(set(problems)) == 2  # rank 0 writes its own samples only
+
+
+def test_resume_reproduces_uninterrupted_run(tmp_path, smoke_data):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    straight = write_config(tmp_path / "a", smoke_data, max_steps=4, save_every=2)
+    launch(straight, 1)
+    first = write_config(tmp_path / "b", smoke_data, max_steps=4, save_every=2)
+    stopped = launch(first, 1, fault="after_step_2", expect_ok=False)
+    assert stopped.returncode != 0
+    assert (tmp_path / "b" / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    launch(first, 1, "--resume")
+
+    a, b = read_jsonl(tmp_path / "a" / "run" / "samples.jsonl"), read_jsonl(tmp_path / "b" / "run" / "samples.jsonl")
+    assert [(s["step"], s["problem"], s["completion"]) for s in a] == [(s["step"], s["problem"], s["completion"]) for s in b]
+    wa, wb = policy_weights(tmp_path / "a" / "run"), policy_weights(tmp_path / "b" / "run")
+    for key in wa:  # same data, same samples, same optimizer state: equal to float32 round-off
+        torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=1e-6)
+
+
+def test_crash_mid_checkpoint_leaves_previous_checkpoint_usable(tmp_path, smoke_data):
+    config = write_config(tmp_path, smoke_data, max_steps=3, save_every=1)
+    result = launch(config, 1, fault="mid_checkpoint_2", expect_ok=False)
+    assert result.returncode != 0
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "step-000001"
+    assert (checkpoints / "step-000002.tmp").exists() and not (checkpoints / "step-000002").exists()
+    policy = checkpoints / "step-000001" / "policy"
+    script = f"""
+import os
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
+from transformers import AutoModelForCausalLM
+AutoModelForCausalLM.from_pretrained({str(policy)!r})
+from vllm import LLM, SamplingParams
+llm = LLM(model={str(policy)!r}, dtype="float32", enforce_eager=True, max_model_len=512)
+out = llm.generate(["<|im_start|>user\\nWhich city?<|im_end|>\\n<|im_start|>assistant\\n"], SamplingParams(max_tokens=8, temperature=0))
+print("GENERATED", len(out[0].outputs[0].token_ids))
+"""
+    done = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=600)
+    assert "GENERATED" in done.stdout, done.stderr[-4000:]
+    # and training resumes from it
+    launch(config, 1, "--resume")
+    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_failed_push_stops_the_run(tmp_path, smoke_data):
+    config = write_config(tmp_path, smoke_data, max_steps=2)
+    result = launch(config, 1, fault="corrupt_push", expect_ok=False)
+    assert result.returncode != 0
+    assert "weight push failed verification" in result.stdout + result.stderr
+
+
+def test_nonfinite_loss_skips_steps_then_stops(tmp_path, smoke_data):
+    config = write_config(tmp_path, smoke_data, max_steps=4, max_bad_steps=2)
+    result = launch(config, 1, fault="nan_loss", expect_ok=False)
+    assert result.returncode != 0
+    assert "2 steps in a row had a non-finite loss" in result.stdout + result.stderr
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["train/bad_steps_total"] for m in metrics] == [1]  # the second bad step stops before logging
