@@ -206,8 +206,7 @@ class DeadlinePool:
     def _run(self, calls: list[tuple[str, tuple]]) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(calls)
         pending = deque(range(len(calls)))
-        while len(self._workers) < self._size:  # after a WorkerStartError the pool may be short
-            self._start_worker()
+        self._top_up()
         while pending or any(w.call is not None for w in self._workers):
             for worker in list(self._workers):
                 if pending and worker.ready and worker.call is None:
@@ -219,22 +218,29 @@ class DeadlinePool:
                         self._retire(worker)
                         continue
                     worker.call, worker.sent_at = index, time.monotonic()
-
-            now = time.monotonic()
-            wake_at = [w.sent_at + self.deadline_s for w in self._workers if w.call is not None]
-            wake_at += [w.started_at + self.startup_timeout_s for w in self._workers if not w.ready]
-            timeout = max(0.0, min(wake_at) - now) if wake_at else None
-            for key, _ in self._selector.select(timeout):
-                self._receive(key.data, outcomes)
-
-            now = time.monotonic()
-            for worker in list(self._workers):
-                if worker.call is not None and now - worker.sent_at > self.deadline_s:
-                    outcomes[worker.call] = Outcome("timeout", None, now - worker.sent_at)
-                    self._retire(worker)
-                elif not worker.ready and now - worker.started_at > self.startup_timeout_s:
-                    self._worker_died_before_ready(worker, f"not ready after {self.startup_timeout_s:.0f} s")
+            self._wait_and_collect(outcomes)
         return outcomes  # type: ignore[return-value]  # every index was filled before the loop ended
+
+    def _top_up(self) -> None:
+        while len(self._workers) < self._size:  # after a WorkerStartError the pool may be short
+            self._start_worker()
+
+    def _wait_and_collect(self, outcomes: list[Outcome | None]) -> None:
+        """Wait for the next message, deadline or start-up limit; record outcomes; kill what overran."""
+        now = time.monotonic()
+        wake_at = [w.sent_at + self.deadline_s for w in self._workers if w.call is not None]
+        wake_at += [w.started_at + self.startup_timeout_s for w in self._workers if not w.ready]
+        timeout = max(0.0, min(wake_at) - now) if wake_at else None
+        for key, _ in self._selector.select(timeout):
+            self._receive(key.data, outcomes)
+
+        now = time.monotonic()  # messages that arrived count, even if we read them after the deadline
+        for worker in list(self._workers):
+            if worker.call is not None and now - worker.sent_at > self.deadline_s:
+                outcomes[worker.call] = Outcome("timeout", None, now - worker.sent_at)
+                self._retire(worker)
+            elif not worker.ready and now - worker.started_at > self.startup_timeout_s:
+                self._worker_died_before_ready(worker, f"not ready after {self.startup_timeout_s:.0f} s")
 
     def _receive(self, worker: _Worker, outcomes: list[Outcome | None]) -> None:
         if worker not in self._workers:
@@ -255,6 +261,13 @@ class DeadlinePool:
             if worker.call is not None:
                 outcomes[worker.call] = Outcome("crash", None, time.monotonic() - worker.sent_at)
             self._retire(worker)
+
+    def wait_ready(self) -> None:
+        """Block until every worker has finished starting (imports and warm-up)."""
+        with self._lock:
+            self._top_up()
+            while not all(w.ready for w in self._workers):
+                self._wait_and_collect([])
 
     def pids(self) -> list[int]:
         """Process ids of the current workers (for tests and diagnostics)."""

@@ -299,6 +299,7 @@ def test_hostile_inputs_give_zero_and_never_raise(math_grader):
 
 
 def test_hostile_r1_inputs(math_grader):
+    errors_before = math_grader.errors
     for text in HOSTILE_TEXTS:
         for fast in (True, False):
             response = text if not isinstance(text, str) else f"<think>r</think> <answer>{text}</answer>"
@@ -306,6 +307,7 @@ def test_hostile_r1_inputs(math_grader):
             result = r1_zero_reward_fn(response, "1", fast=fast, grader=math_grader)
             assert time.monotonic() - start < DEADLINE_S + 3.0  # + a replacement worker's start-up
             assert set(result.values()) <= {0.0, 1.0}
+    assert math_grader.errors == errors_before  # no job raised: odd input is handled, not an error
 
 
 PIECES = st.sampled_from(
@@ -323,6 +325,7 @@ def test_property_rewards_never_raise_nor_overrun(math_grader, samples):
     solutions = [gold for _, gold in samples]
     n = len(samples)
     errors_before = sum(v for k, v in REWARD_ISSUES.items() if k.endswith("/error"))
+    grader_errors_before = math_grader.errors
     start = time.monotonic()
     for name, fn in REWARD_FUNCS.items():
         values = fn(completions, solution=solutions, completions_long_answer=completions, problem=solutions,
@@ -335,3 +338,21 @@ def test_property_rewards_never_raise_nor_overrun(math_grader, samples):
     gold, pred = samples[0]
     result = r1_zero_reward_fn(f"<think>r</think> <answer>{pred}</answer>", gold, fast=False, grader=math_grader)
     assert set(result.values()) <= {0.0, 1.0}
+    assert math_grader.errors == grader_errors_before
+
+
+MATH_PIECES = st.sampled_from(
+    ["\\frac", "\\sqrt", "[3]", "{", "}", "(", ")", "[", "]", "^", "-", "+", "*", "/", "0", "1", "9", ".", ",",
+     "x", "y", "\\pi", "\\infty", "\\cdot", " ", "\\{", "\\}", "%", "\\circ", "\\text{", "=", "\\left(",
+     "\\right)", "\\boxed{", "\\dfrac", "e", "10^{"]
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(MATH_PIECES, max_size=16).map("".join), st.lists(MATH_PIECES, max_size=16).map("".join))
+def test_property_r1_math_like_input(math_grader, answer, gold):
+    errors_before = math_grader.errors
+    for fast in (True, False):
+        result = r1_zero_reward_fn(f"<think>r</think> <answer>{answer}</answer>", gold, fast=fast, grader=math_grader)
+        assert set(result.values()) <= {0.0, 1.0}
+    assert math_grader.errors == errors_before  # sympy or math-verify raising would be a bug in our parser
