@@ -290,8 +290,10 @@ def _short_frac(match: re.Match) -> str:
 def normalize_math_answer(answer: str) -> str:
     """MATH-style normal form of an answer (seed 002, step 5). The rules, in order, each with a worked case:
 
-    >>> [normalize_math_answer(s) for s in ["\\\\text{ 12 inches}", "\\\\dfrac12", "x = 1,000", "\\\\left( 4, 5 \\\\right)"]]
-    ['12', '\\\\frac{1}{2}', '1000', '(4,5)']
+    >>> [normalize_math_answer(s) for s in ["\\\\text{ 12 inches}", "\\\\dfrac12", "x = 1,000"]]
+    ['12', '\\\\frac{1}{2}', '1000']
+    >>> normalize_math_answer("\\\\left( 4, 5 \\\\right)")
+    '(4,5)'
     """
     text = answer.strip().replace("\n", " ")
     text = _TEXT_WRAPPER.sub(r"\1", text)  # `\text{5}` -> 5, `12\text{ inches}` -> 12 inches
@@ -586,7 +588,8 @@ WORKER_JOBS = {"canoe": canoe_math_equal, "r1": r1_worker_equal}  # what deadlin
 def warm_up() -> None:
     """Run once in each worker before it reports ready. math-verify compiles its regexes and sympy imports its
     polynomial and radical code on first use (up to ~0.3 s); that must not count against a sample's deadline."""
-    examples = [("\\frac{1}{2}", "0.5"), ("x^2-1", "(x-1)(x+1)"), ("\\sqrt{8}", "2\\sqrt{2}"), ("120", "5!"), ("(1,2)", "[1,2)")]
+    examples = [("\\frac{1}{2}", "0.5"), ("x^2-1", "(x-1)(x+1)"), ("\\sqrt{8}", "2\\sqrt{2}"), ("120", "5!"),
+                ("(1,2)", "[1,2)")]
     for gold, pred in examples:
         canoe_math_equal(gold, pred)
         r1_worker_equal(gold, pred, fast=False)

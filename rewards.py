@@ -111,7 +111,9 @@ def _column(values: Any, n: int, reward: str, name: str) -> list[Any]:
 # ------------------------------------------------------------------------------------------------ debug log
 
 
-def _debug_log(file_name: str, header: str, rewards: list[float], contents: list, solutions: list, log_dir: Any) -> None:
+def _debug_log(
+    file_name: str, header: str, rewards: list[float], contents: list, solutions: list, log_dir: Any
+) -> None:
     """Append one block per sample when DEBUG_MODE=true (seed 000). A log that cannot be written is reported."""
     if os.environ.get("DEBUG_MODE") != "true":
         return
@@ -193,8 +195,8 @@ _FORMAT_LONG_END = re.compile(r"</long_answer>\s*<answer>")
 
 
 def _has_format(text: str) -> bool:
-    """Whether the stripped text fully matches `<think>.*?</think>\\s*<long_answer>.*?</long_answer>\\s*<answer>.*?</answer>`
-    (DOTALL), decided in linear time.
+    """Whether the stripped text fully matches (DOTALL) the SPEC's format pattern, decided in linear time:
+    `<think>.*?</think>\\s*<long_answer>.*?</long_answer>\\s*<answer>.*?</answer>`.
 
     The lazy regex backtracks polynomially on hostile text with many tags. Taking the earliest
     `</think>\\s*<long_answer>` and then the earliest `</long_answer>\\s*<answer>` is exact: a later choice only
@@ -250,8 +252,9 @@ def _problem_text(problem: Any) -> str | None:
         return problem
     if isinstance(problem, Sequence):
         for message in problem:
-            if isinstance(message, Mapping) and message.get("role") == "user" and isinstance(message.get("content"), str):
-                return message["content"]
+            if isinstance(message, Mapping) and message.get("role") == "user":
+                content = message.get("content")
+                return content if isinstance(content, str) else None
     return None
 
 
@@ -296,7 +299,8 @@ def r1_zero_reward_fn(
     2. The answer is the text after the last `<answer>`, with `</answer>` removed.
     3. If it has `\\boxed` (or `\\fbox`, the same box), only the last box's content counts; a box without
        balanced braces is a format error (all 0.0).
-    4. `ground_truth`: str, int/float (as str) or a list of str (any may match); anything else is a TypeError.
+    4. `ground_truth`: str, int/float (as str) or a list of str (any may match); anything else, bool included
+       (True is an int to Python, not an answer), is a TypeError.
     5. `grader.r1_grade`: normalised strings, exact sympy, and with fast=False math-verify under the deadline
        of `grader` (default: `grader.default_grader()`).
     6. Correct: all 1.0; formatted but wrong: format 1.0, the others 0.0.

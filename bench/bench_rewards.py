@@ -44,6 +44,10 @@ NAMES = ["Marie Curie", "Paris", "Lyon", "Albert Einstein", "Mount Everest", "th
 MONTHS = ["January", "March", "May", "July", "September", "November"]
 
 
+def _latex_set(values: list[int]) -> str:
+    return "\\{" + ", ".join(map(str, values)) + "\\}"
+
+
 def _math_item(rng: random.Random) -> tuple[str, list[str]]:
     """A gold answer and some ways a model might answer it (equivalent forms first, then wrong ones)."""
     kind = rng.choice(["int", "int", "frac", "decimal", "sqrt", "set", "interval", "poly", "matrix", "power"])
@@ -52,7 +56,8 @@ def _math_item(rng: random.Random) -> tuple[str, list[str]]:
         return str(n), [str(n), f"{n:,}", f"{n}.0", str(n + 1), f"$${n}$$"]
     if kind == "frac":
         p, q = rng.randint(1, 9), rng.randint(2, 12)
-        return f"\\frac{{{p}}}{{{q}}}", [f"\\frac{{{p * 2}}}{{{q * 2}}}", f"{p}/{q}", f"\\dfrac{{{p}}}{{{q}}}", f"\\frac{{{q}}}{{{p}}}"]
+        forms = [f"\\frac{{{p * 2}}}{{{q * 2}}}", f"{p}/{q}", f"\\dfrac{{{p}}}{{{q}}}", f"\\frac{{{q}}}{{{p}}}"]
+        return f"\\frac{{{p}}}{{{q}}}", forms
     if kind == "decimal":
         p = rng.choice([1, 3, 5, 7]) / rng.choice([2, 4, 8])
         return str(p), [str(p), f"\\frac{{{int(p * 8)}}}{{8}}", str(p + 0.5)]
@@ -62,7 +67,7 @@ def _math_item(rng: random.Random) -> tuple[str, list[str]]:
     if kind == "set":
         items = rng.sample(range(1, 20), 3)
         shuffled = rng.sample(items, 3)
-        return "\\{" + ", ".join(map(str, items)) + "\\}", ["\\{" + ", ".join(map(str, shuffled)) + "\\}", ", ".join(map(str, shuffled[:2]))]
+        return _latex_set(items), [_latex_set(shuffled), ", ".join(map(str, shuffled[:2]))]
     if kind == "interval":
         a, b = sorted(rng.sample(range(-9, 10), 2))
         return f"({a}, {b}]", [f"({a},{b}]", f"[{a}, {b}]", f"({b}, {a}]"]
@@ -72,7 +77,8 @@ def _math_item(rng: random.Random) -> tuple[str, list[str]]:
     if kind == "matrix":
         a, b = rng.randint(1, 9), rng.randint(1, 9)
         gold = f"\\begin{{pmatrix}} {a} \\\\ {b} \\end{{pmatrix}}"
-        return gold, [f"\\begin{{bmatrix}} {a} \\\\ {b} \\end{{bmatrix}}", f"\\begin{{pmatrix}} {b} \\\\ {a} \\end{{pmatrix}}"]
+        swapped = f"\\begin{{pmatrix}} {b} \\\\ {a} \\end{{pmatrix}}"
+        return gold, [f"\\begin{{bmatrix}} {a} \\\\ {b} \\end{{bmatrix}}", swapped]
     e = rng.randint(2, 6)
     return str(10**e), [f"10^{{{e}}}", f"10^{e + 1}", str(10**e)]
 
@@ -192,8 +198,8 @@ def main() -> None:
     ours, ours_s = run_ours(completions, solutions, grader)
     plain, plain_s, plain_slowest = run_plain(completions, solutions)
     print(f"(a) plain loop : {args.n / plain_s:8.1f} samples/s ({plain_s:.1f} s), slowest sample {plain_slowest:.2f} s")
-    print(f"(b) ours       : {args.n / ours_s:8.1f} samples/s ({ours_s:.1f} s), slowest sample {grader.slowest_s:.2f} s, "
-          f"{grader.timeouts} timeouts, {grader.errors} errors")
+    print(f"(b) ours       : {args.n / ours_s:8.1f} samples/s ({ours_s:.1f} s), "
+          f"slowest sample {grader.slowest_s:.2f} s, {grader.timeouts} timeouts, {grader.errors} errors")
     print(f"speed-up (b)/(a): {plain_s / ours_s:.2f}x")
 
     calm = [i for i, h in enumerate(hostile) if not h]

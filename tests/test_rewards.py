@@ -163,10 +163,13 @@ def test_influence_extra():
     assert influence_reward([chat("x")] * 4, solution, stage2) == [0.0, 1.0, 0.0, 0.0]
 
 
+CONTEXT_100 = "<context>" + "x" * 100 + "</context>\n\nWhat is asked?"
+
+
 @pytest.mark.parametrize(
     "long_answer, problem, expected",
     [
-        ("y" * 50, [{"role": "system", "content": "s"}, {"role": "user", "content": "<context>" + "x" * 100 + "</context>\n\nQ"}], 1.0),
+        ("y" * 50, [{"role": "system", "content": "s"}, {"role": "user", "content": CONTEXT_100}], 1.0),  # chat
         ("y" * 80, "<context>" + "x" * 100 + "</context>", 0.0),  # exactly 80%: strict
         ("y" * 79, "<context>" + "x" * 100 + "</context>", 1.0),
         ("y" * 50, "<context>" + "x" * 100 + "</context> and <context>x</context>", 1.0),  # first context
@@ -282,7 +285,7 @@ def test_hostile_inputs_give_zero_and_never_raise(math_grader):
         "format": format_reward(entries),
         "influence": influence_reward(entries, ["<answer>1</answer>"] * n, entries),
         "length": len_reward(entries, ["<context>" + "x" * 10 + "</context>"] * n),
-        "accuracy_bad_solution": accuracy_reward(entries, [None, 1, ["x"]] * (n // 3) + [None] * (n % 3), grader=math_grader),
+        "accuracy_bad_solution": accuracy_reward(entries, ([None, 1, ["x"]] * n)[:n], grader=math_grader),
     }
     assert time.monotonic() - start < 10.0
     for name, values in results.items():
