@@ -21,8 +21,8 @@ Outcomes are reported, never raised: "ok" (the value), "error" (the job raised; 
 at the deadline), "crash" (the worker died during the call). Callers decide the fallback and count them.
 Only an environment where workers cannot start at all raises (WorkerStartError), since every answer would be wrong.
 
-Test hooks: every worker also answers the jobs "_sleep" (seconds, value) and "_crash" (exit code), so tests can
-provoke a hang and a crash without relying on a particular pathological input.
+Test hooks: every worker also answers the jobs "_sleep" (seconds, value), "_crash" (exit code) and "_modules"
+(its `sys.modules`), so tests can provoke a hang and a crash, and check what a worker imported.
 """
 
 from __future__ import annotations
@@ -312,6 +312,10 @@ def _test_crash(code: int = 1) -> None:
     os._exit(code)
 
 
+def _test_modules() -> list[str]:
+    return sorted(sys.modules)
+
+
 def worker_main(module: str) -> None:
     """Entry point of a worker process: answer calls from stdin until EOF."""
     fd_in, fd_out = os.dup(0), os.dup(1)
@@ -324,7 +328,7 @@ def worker_main(module: str) -> None:
     if hasattr(job_module, "warm_up"):
         job_module.warm_up()  # first-use costs are paid before the first deadline starts
     jobs: dict[str, Callable[..., Any]] = dict(getattr(job_module, "WORKER_JOBS", {}))
-    jobs.update({"_sleep": _test_sleep, "_crash": _test_crash})
+    jobs.update({"_sleep": _test_sleep, "_crash": _test_crash, "_modules": _test_modules})
     _write_all(fd_out, _frame(("ready", os.getpid())))
     while True:
         header = _read_exact(fd_in, _HEADER.size)

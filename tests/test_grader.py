@@ -291,6 +291,13 @@ def test_deadline_works_off_the_main_thread(math_grader):
     assert results["elapsed"] < DEADLINE_S + 0.5 + 3.0  # may wait for a replacement worker to start
 
 
+def test_workers_never_import_the_trainer_stack(math_grader):
+    pytest.importorskip("torch")  # the trainer's process holds torch; its grading workers must not
+    (outcome,) = math_grader._pool.run([("_modules", ())])
+    assert outcome.status == "ok" and "math_verify" in outcome.value
+    assert not {"torch", "vllm", "deepspeed", "__mp_main__"} & set(outcome.value)
+
+
 def test_pool_outcomes_and_close():
     pool = DeadlinePool("deadline", workers=1, deadline_s=0.5)  # a job module with only the test hooks: starts fast
     ok, slow, crash = pool.run([("_sleep", (0.0, "done")), ("_sleep", (5, None)), ("_crash", (1,))])
