@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -154,7 +155,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
     values = {}
     for key, value in raw.items():
         if key not in fields:
-            close = [name for name in fields if name.split("_")[0] == key.split("_")[0]]
+            close = difflib.get_close_matches(key, fields, n=2, cutoff=0.75)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(f"{path}: unknown key {key!r}{hint}; `python canoe.py --describe-config` lists them")
         values[key] = _checked(path, key, value, fields[key].type, fields[key].default)
@@ -212,7 +213,8 @@ def _validate(path: Path, cfg: Config) -> None:
 def describe_config() -> str:
     lines = []
     for f in dataclasses.fields(Config):
-        lines.append(f"{f.name} = {json.dumps(f.default() if callable(f.default) else f.default)}".ljust(52)
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        lines.append(f"{f.name} = {json.dumps(default)}".ljust(52)
                      + f"# {f.metadata['help']}")
     return "\n".join(lines)
 
@@ -519,6 +521,7 @@ def compute_rewards(run: Run, rows: list[dict], completions, stage2) -> tuple[An
     """Call every configured reward function; returns the weighted total `(N,)` and per-function means."""
     import torch
 
+    import data
     from rewards import REWARD_FUNCS
 
     G = run.cfg.num_generations
@@ -532,6 +535,9 @@ def compute_rewards(run: Run, rows: list[dict], completions, stage2) -> tuple[An
         per_func[:, j] = torch.tensor(scores, dtype=torch.float32)
     total = per_func @ torch.tensor(run.cfg.reward_weights, dtype=torch.float32)  # (N,)
     means = {f"reward/{name}": float(per_func[:, j].mean()) for j, name in enumerate(run.cfg.reward_funcs)}
+    # The evaluation metric, watched during training: normalised exact match of the stage-1 answers.
+    em = [data.exact_match(data.answer_span(c.text), data.answer_span(s)) for c, s in zip(completions, columns["solution"])]
+    means["faithfulness/em"] = sum(em) / len(em)
     return total, means
 
 
@@ -817,16 +823,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.describe_config:
         print(describe_config())
         return
+    from data import DataError
+
     try:
         cfg = load_config(args.config)
-    except ConfigError as error:
-        raise SystemExit(f"error: {error}") from None
-    if args.eval:
-        import evaluate
+        if args.eval:
+            import evaluate
 
-        evaluate.main(cfg, model=args.model, eval_file=args.eval_file, limit=args.limit)
-    else:
-        train(cfg, resume=args.resume)
+            evaluate.main(cfg, model=args.model, eval_file=args.eval_file, limit=args.limit)
+        else:
+            train(cfg, resume=args.resume)
+    except (ConfigError, DataError) as error:  # the user's input, not a bug: the message says what to fix
+        raise SystemExit(f"error: {error}") from None
 
 
 if __name__ == "__main__":

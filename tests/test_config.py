@@ -1,0 +1,144 @@
+"""Config loading and validation, and the driver's small pure helpers (no launcher, no vLLM)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import canoe  # noqa: E402
+from canoe import Config, ConfigError, load_config  # noqa: E402
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_configs_load():
+    for path in [ROOT / "config.toml", *sorted((ROOT / "recipes").glob("*.toml"))]:
+        cfg = load_config(path)
+        assert cfg.num_generations >= 2, path
+
+
+def test_defaults_are_the_papers():
+    cfg = Config()
+    assert (cfg.num_generations, cfg.beta, cfg.learning_rate, cfg.temperature) == (7, 0.04, 1e-6, 0.9)
+    assert (cfg.prompts_per_device, cfg.gradient_accumulation_steps, cfg.zero_stage) == (2, 8, 2)
+    assert cfg.reward_funcs == ["accuracy", "format", "influence", "length"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("num_generation = 7\n", "unknown key 'num_generation' (did you mean num_generations?)"),
+        ("learning_rat = 1e-6\n", "unknown key 'learning_rat'"),
+        ('num_generations = "7"\n', "key 'num_generations' must be int, got str"),
+        ("num_generations = 7.0\n", "key 'num_generations' must be int, got float"),
+        ("dual = 1\n", "key 'dual' must be bool, got int"),
+        ("beta = true\n", "key 'beta' must be float, got bool"),
+        ("num_generations = 1\n", "num_generations = 1: GRPO needs at least 2 samples"),
+        ("prompts_per_device = 0\n", "prompts_per_device = 0: must be at least 1"),
+        ("zero_stage = 1\n", "zero_stage = 1: must be one of (2, 3)"),
+        ('aggregation = "mean"\n', "aggregation = 'mean': must be one of"),
+        ('reward_funcs = ["accuracy", "bogus"]\nreward_weights = [1.0, 1.0]\n', "unknown ['bogus']"),
+        ('reward_funcs = ["accuracy"]\n', "need one number per reward function (1)"),
+        ("learning_rate = 0.0\n", "learning_rate = 0.0: must lie in (0, 1)"),
+        ("max_steps = 0\nnum_epochs = 0.0\n", "num_epochs = 0.0: with max_steps = 0 this must be positive"),
+        ("num_generations = \n", "is not valid TOML"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path, text, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(write(tmp_path, text))
+    assert message in str(error.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_ints_are_accepted_for_floats_and_config_is_frozen(tmp_path):
+    cfg = load_config(write(tmp_path, "beta = 0\nlearning_rate = 1e-5\n"))
+    assert cfg.beta == 0.0 and isinstance(cfg.beta, float)
+    with pytest.raises(Exception):
+        cfg.beta = 1.0  # type: ignore[misc]
+
+
+def test_describe_config_lists_every_key():
+    text = canoe.describe_config()
+    for name in Config.__dataclass_fields__:
+        assert f"\n{name} = " in "\n" + text, name
+
+
+def run_canoe(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess:
+    config = write(tmp_path, config_text)
+    return subprocess.run([sys.executable, str(ROOT / "canoe.py"), "--config", str(config)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    result = run_canoe(tmp_path, f'model = "{tmp_path}/no-model"\n')
+    assert result.returncode != 0
+    assert f"error: model path '{tmp_path}/no-model' is not a Hugging Face model folder" in result.stderr
+
+
+def test_missing_data_path_is_a_clear_error(tmp_path):
+    result = run_canoe(tmp_path, f'model = "models/smoke-llama"\ntrain_file = "{tmp_path}/none.jsonl"\n')
+    assert result.returncode != 0
+    assert f"error: data file '{tmp_path}/none.jsonl' does not exist" in result.stderr
+
+
+@pytest.mark.skipif(not (ROOT / "models" / "smoke-llama").exists(), reason="needs `make setup`")
+def test_malformed_data_line_is_reported_with_its_line_number(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"problem": "<context>a</context>\\n\\nq", "solution": "<answer>a</answer>"}\n{"problem": 3}\n')
+    result = run_canoe(tmp_path, f'model = "models/smoke-llama"\ntrain_file = "{data}"\nmax_steps = 1\n')
+    assert result.returncode != 0
+    assert f"{data}:2:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unknown_key_from_the_command_line(tmp_path):
+    result = run_canoe(tmp_path, "G = 7\n")
+    assert result.returncode != 0 and "unknown key 'G'" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- small pure helpers of the driver
+
+
+def test_pad_batch_layout():
+    # prompt [5, 6] and completion [7, 2(EOS)]; prompt [8] and completion [9]
+    ids, attention, positions, mask = canoe.pad_batch([[5, 6], [8]], [[7, 2], [9]], pad_id=0, device="cpu")
+    assert ids.tolist() == [[5, 6, 7, 2], [0, 8, 9, 0]]
+    assert attention.tolist() == [[1, 1, 1, 1], [0, 1, 1, 0]]
+    assert positions.tolist()[1][1:3] == [0, 1]  # left padding does not shift positions
+    assert mask.tolist() == [[1.0, 1.0], [1.0, 0.0]]  # the EOS token is trained on, padding is not
+
+
+def test_deepspeed_batch_arithmetic():
+    cfg = Config(prompts_per_device=2, gradient_accumulation_steps=8, num_generations=7)
+    ds = canoe.deepspeed_config(cfg, world_size=4, dtype=torch.float32, train=True)
+    assert ds["train_micro_batch_size_per_gpu"] == 14
+    assert ds["train_batch_size"] == 14 * 8 * 4
+    assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 1.0
+    reference = canoe.deepspeed_config(Config(zero_stage=3), world_size=1, dtype=torch.float32, train=False)
+    assert "optimizer" not in reference and reference["zero_optimization"]["stage"] == 3
+
+
+def test_learning_rate_schedule():
+    cfg = Config(warmup_ratio=0.1, lr_scheduler="cosine")
+    factor = canoe.lr_lambda(cfg, total_steps=100)  # 10 warm-up steps
+    assert factor(0) == pytest.approx(1 / 11)
+    assert factor(10) == pytest.approx(1.0)
+    assert factor(55) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert factor(100) == pytest.approx(0.0, abs=1e-12)
+    assert canoe.lr_lambda(Config(warmup_ratio=0.0, lr_scheduler="constant"), 10)(7) == 1.0
