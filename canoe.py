@@ -457,9 +457,22 @@ def restore(run: Run) -> None:
     run.step = state["step"]
     run.sampler.load_state_dict(state["sampler"])
     run.bad_steps_total = state.get("bad_steps_total", 0)
+    if run.rank == 0:  # steps after the checkpoint will be redone: drop their log lines so each step appears once
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            truncate_log(run.out / name, run.step)
     # vLLM started from the original weights: give it the restored ones.
     rollout.push_weights(run.llm, rollout.iter_full_parameters(run.engine.module, run.cfg.zero_stage))
     print0(f"resumed from {path} at step {run.step}")
+
+
+def truncate_log(path: Path, last_step: int) -> None:
+    """Keep only the JSONL lines of steps <= last_step (written atomically)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines(keepends=True) if json.loads(line)["step"] <= last_step]
+    staging = path.with_suffix(".tmp")
+    staging.write_text("".join(kept))
+    os.replace(staging, path)
 
 
 # ==============================================================================================================
