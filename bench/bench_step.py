@@ -23,7 +23,13 @@ same figures to a file.
 
 What differs between the two sides by construction (print it with the figures): TRL generates with Hugging Face
 `generate` (use_vllm=False, its default and the one that runs on a CPU), we with vLLM; TRL has no second stage,
-so it samples once per step where we sample twice and it has no influence reward.
+so it samples once per step where we sample twice and it has no influence reward. TRL's micro-batch
+(`--trl-micro-batch`, default 14 sequences = our config's 2 prompts per micro-batch) should match ours; its
+gradient checkpointing is off, as in our config (see trl_worker.py).
+
+Memory: both workers are alive at once. TRL alone peaked at 16 GiB (micro-batch 14, no checkpointing) on the
+24 GiB development machine, so the two sides together can run out of memory there; a smaller micro-batch on both
+sides is the way out, not running them one after the other (the alternation is what makes the timings fair).
 """
 
 from __future__ import annotations
