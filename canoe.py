@@ -336,22 +336,34 @@ def check_paths(cfg: Config, *, train: bool) -> None:
 
 
 def check_fits(cfg: Config, num_parameters: int, dtype) -> None:
-    """Fail early, with numbers, when the policy cannot fit in GPU memory (weights + grads + Adam + reference)."""
+    """Fail early, with numbers, when the policy cannot be trained in this machine's memory.
+
+    Rough need per rank: weights and gradients in the training dtype, fp32 master weights and two Adam moments
+    (12 bytes/param, sharded over the ranks by ZeRO, or kept on the host with offload_optimizer), the reference
+    model (when β > 0) and vLLM's own copy of the weights. Activations come on top.
+    """
+    import psutil
     import torch
 
-    if not torch.cuda.is_available():
-        return
     width = torch.finfo(dtype).bits // 8
-    # ZeRO-2 without offload keeps full weights and gradients, plus sharded fp32 master weights and Adam moments
-    # (12 bytes/param over the ranks); the reference model adds one more copy of the weights.
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    need = num_parameters * (2 * width + (0 if cfg.offload_optimizer else 12 / world) + (width if cfg.beta else 0))
-    have = torch.cuda.get_device_properties(0).total_memory * (1 - cfg.vllm_gpu_memory_utilization * (not cfg.vllm_sleep))
+    optimizer = 12 * num_parameters / world
+    need = num_parameters * width * (2 + (1 if cfg.beta else 0) + 1)
+    if torch.cuda.is_available():
+        need += 0 if cfg.offload_optimizer else optimizer
+        have = torch.cuda.get_device_properties(0).total_memory
+        if not cfg.vllm_sleep:
+            have *= 1 - cfg.vllm_gpu_memory_utilization
+        where = "GPU"
+    else:
+        need += optimizer + cfg.vllm_cpu_kv_cache_gib * 2**30
+        have = psutil.virtual_memory().available / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        where = "host"
     if need > have:
         raise SystemExit(
-            f"error: the policy ({num_parameters / 1e9:.2f} B parameters) needs about {need / 2**30:.1f} GiB for "
-            f"training but {have / 2**30:.1f} GiB are available; use zero_stage = 3, offload_optimizer = true, "
-            f"more GPUs or a smaller model")
+            f"error: the policy ({num_parameters / 1e9:.2f} B parameters) needs about {need / 2**30:.1f} GiB of {where} "
+            f"memory per rank before activations, but {have / 2**30:.1f} GiB are available; use zero_stage = 3, "
+            f"offload_optimizer = true, more GPUs or a smaller model")
 
 
 def setup(cfg: Config, *, resume: bool) -> Run:
@@ -382,7 +394,11 @@ def setup(cfg: Config, *, resume: bool) -> Run:
         rows, report = data.prepare_prompts(tokenizer, data.load_dataset(cfg.train_file), cfg.max_prompt_tokens,
                                             cfg.on_long_prompt, **prompt_style(cfg))
     print0(f"data: {cfg.train_file}: {report.summary()}")
-    sampler = data.PromptSampler(len(rows), cfg.prompts_per_step, cfg.seed, rank, world_size)
+    try:
+        sampler = data.PromptSampler(len(rows), cfg.prompts_per_step, cfg.seed, rank, world_size)
+    except ValueError as error:  # e.g. fewer prompts than one global batch
+        raise ConfigError(f"prompts_per_device × gradient_accumulation_steps × ranks = {cfg.prompts_per_step} × "
+                          f"{world_size}: {error}") from None
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.num_epochs * sampler.steps_per_epoch))
 
     # Policy under DeepSpeed, reference model frozen beside it.

@@ -24,7 +24,7 @@ same figures to a file.
 What differs between the two sides by construction (print it with the figures): TRL generates with Hugging Face
 `generate` (use_vllm=False, its default and the one that runs on a CPU), we with vLLM; TRL has no second stage,
 so it samples once per step where we sample twice and it has no influence reward. TRL's micro-batch
-(`--trl-micro-batch`, default 14 sequences = our config's 2 prompts per micro-batch) should match ours; its
+(`--micro-prompts`, default 2 prompts = 14 sequences, the same on both sides) matches ours; its
 gradient checkpointing is off, as in our config (see trl_worker.py).
 
 Memory: both workers are alive at once. TRL alone peaked at 16 GiB (micro-batch 14, no checkpointing) on the
@@ -214,8 +214,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="measured steps per side, after one warm-up each")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--only", choices=["ours", "trl"], help="run one side alone")
-    parser.add_argument("--trl-micro-batch", type=int, default=14,
-                        help="TRL's per_device_train_batch_size (completions per forward/backward); match ours")
+    parser.add_argument("--micro-prompts", type=int, default=2,
+                        help="prompts per forward/backward micro-batch on both sides (TRL: x7 completions)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if args.steps < 1:
@@ -232,11 +232,12 @@ def main() -> None:
     try:
         if args.only != "trl":
             sides.append(("ours", Worker("ours", REPO_ROOT / ".venv/bin/python",
-                                         REPO_ROOT / "bench/ours_worker.py", flags), OURS_CORE_PHASES))
+                                         REPO_ROOT / "bench/ours_worker.py",
+                                         [*flags, "--micro-prompts", str(args.micro_prompts)]), OURS_CORE_PHASES))
         if args.only != "ours":
             sides.append(("trl", Worker("TRL", REPO_ROOT / ".venv-trl/bin/python",
                                         REPO_ROOT / "bench/trl_worker.py",
-                                        [*flags, "--micro-batch", str(args.trl_micro_batch)]), TRL_CORE_PHASES))
+                                        [*flags, "--micro-batch", str(7 * args.micro_prompts)]), TRL_CORE_PHASES))
         start = time.perf_counter()
         for _, worker, _ in sides:
             worker.wait_ready()

@@ -4,8 +4,8 @@ Protocol (see bench_step.py): prints `READY` once set up; `step` → one optimiz
 reference log-probs, forward/backward, optimizer, weight push and its verification) → one JSON line
 `{"seconds": s, "phases": {...}}`; `quit` → `{"peak_rss_mib": x}` and exit. Everything else goes to stderr.
 
-The batch: `--prompts` prompts per step in micro-batches of 2 prompts (14 sequences, as TRL's side), `--generations`
-samples each, `--max-new-tokens`, β and learning rate as given; ZeRO-2, float32, one rank.
+The batch: `--prompts` prompts per step in micro-batches of `--micro-prompts` prompts (2 = 14 sequences, as TRL's
+side by default), `--generations` samples each, `--max-new-tokens`, β and learning rate as given; ZeRO-2, float32, one rank.
 """
 
 from __future__ import annotations
@@ -35,11 +35,14 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--temperature", type=float, default=0.9)
+    parser.add_argument("--micro-prompts", type=int, default=2, help="prompts per forward/backward micro-batch")
     args = parser.parse_args()
+    if args.prompts % args.micro_prompts:
+        raise SystemExit("--prompts must be a multiple of --micro-prompts")
 
     import canoe
 
-    per_micro = 2 if args.prompts % 2 == 0 else 1
+    per_micro = args.micro_prompts
     cfg = canoe.Config(
         model=args.model, train_file=args.data, output_dir=str(ROOT / "runs" / "bench" / "ours"), seed=args.seed,
         num_generations=args.generations, max_completion_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -142,3 +142,20 @@ def test_learning_rate_schedule():
     assert factor(55) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
     assert factor(100) == pytest.approx(0.0, abs=1e-12)
     assert canoe.lr_lambda(Config(warmup_ratio=0.0, lr_scheduler="constant"), 10)(7) == 1.0
+
+
+@pytest.mark.skipif(not (ROOT / "models" / "smoke-llama").exists(), reason="needs `make setup`")
+def test_batch_larger_than_the_data_is_a_clear_error(tmp_path):
+    data = tmp_path / "one.jsonl"
+    data.write_text('{"problem": "<context>a b c</context>\\n\\nq?", "solution": "<answer>a</answer>"}\n')
+    result = run_canoe(tmp_path, f'model = "models/smoke-llama"\ntrain_file = "{data}"\nprompts_per_device = 2\n'
+                                 "gradient_accumulation_steps = 1\nmax_steps = 1\n")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "error: prompts_per_device × gradient_accumulation_steps × ranks = 2 × 1" in result.stderr
+    assert "cannot fill one global batch" in result.stderr
+
+
+def test_check_fits_refuses_a_model_too_large_for_the_host():
+    with pytest.raises(SystemExit, match=r"needs about .* GiB of host memory per rank"):
+        canoe.check_fits(Config(), num_parameters=10**12, dtype=torch.float32)
+    canoe.check_fits(Config(), num_parameters=10**6, dtype=torch.float32)  # a small one passes

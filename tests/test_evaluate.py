@@ -1,0 +1,81 @@
+"""The evaluation mode (scoring, and a real greedy run on the smoke model) and the metrics plot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import evaluate  # noqa: E402
+import plot  # noqa: E402
+
+FORMATTED = "<think>t</think><long_answer>The city is Lyon.</long_answer><answer>{}</answer>"
+
+
+def test_score_em_and_format_per_task():
+    rows = [
+        {"task": "counterfactual", "solution": "<answer>Lyon</answer>"},
+        {"task": "counterfactual", "solution": "<answer>Lyon</answer>"},
+        {"task": "straightforward", "solution": "<answer>The Hague</answer>"},
+        {"task": "straightforward", "solution": "<answer>Oslo</answer>"},
+    ]
+    outputs = [
+        FORMATTED.format("lyon."),  # normalised match: case and punctuation
+        FORMATTED.format("not Lyon"),  # negation guard
+        "the hague",  # no tags: the whole text is the answer span; matches, but format fails
+        FORMATTED.format("Bergen"),
+    ]
+    scores = evaluate.score(rows, outputs)
+    assert list(scores) == ["counterfactual", "straightforward", "overall"]
+    assert scores["counterfactual"] == {"n": 2, "em": 0.5, "format_rate": 1.0}
+    assert scores["straightforward"] == {"n": 2, "em": 0.5, "format_rate": 0.5}
+    assert scores["overall"] == {"n": 4, "em": 0.5, "format_rate": 0.75}
+
+
+def test_score_without_task_field_groups_as_all():
+    scores = evaluate.score([{"solution": "<answer>Oslo</answer>"}], ["<answer>Oslo</answer>"])
+    assert list(scores) == ["all", "overall"] and scores["all"]["em"] == 1.0
+
+
+@pytest.mark.skipif(not (ROOT / "models" / "smoke-llama").exists(), reason="needs `make setup`")
+def test_eval_mode_runs_greedily_on_a_real_model(tmp_path):
+    data = tmp_path / "eval.jsonl"
+    rows = [{"id": f"e{i}", "task": "counterfactual" if i % 2 else "straightforward",
+             "problem": f"<context>{city} is mentioned here.</context>\n\nWhich city? ({i})",
+             "solution": f"<answer>{city}</answer>"} for i, city in enumerate(["Paris", "Lyon", "Rome", "Oslo"])]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "config.toml"
+    config.write_text(f'model = "models/smoke-llama"\noutput_dir = "{tmp_path}/run"\nmax_completion_tokens = 40\n'
+                      f'max_prompt_tokens = 320\n')
+    result = subprocess.run([sys.executable, str(ROOT / "canoe.py"), "--config", str(config), "--eval",
+                             "--eval-file", str(data)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads((tmp_path / "run" / "eval" / "smoke-llama-eval.json").read_text())
+    assert report["scores"]["overall"]["n"] == 4
+    assert set(report["scores"]) == {"counterfactual", "straightforward", "overall"}
+    predictions = [json.loads(line) for line in
+                   (tmp_path / "run" / "eval" / "smoke-llama-eval.predictions.jsonl").read_text().splitlines()]
+    assert [p["id"] for p in predictions] == ["e0", "e1", "e2", "e3"] and all(p["output"] for p in predictions)
+    assert "overall" in result.stdout
+
+
+def test_plot_writes_a_png(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"step": s, "reward/accuracy": 0.1 * s, "reward/format": 0.5, "reward/influence": 0.0,
+              "reward/length": 0.2, "reward/total": 0.8 + 0.1 * s, "loss/kl": 0.01 * s,
+              "completion/length_mean": 50.0, "faithfulness/em": 0.1, "time/step": 30.0} for s in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = plot.plot(run, run / "metrics.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_plot_rejects_a_missing_file(tmp_path):
+    with pytest.raises(SystemExit, match="does not exist"):
+        plot.plot(tmp_path, tmp_path / "x.png")

@@ -1,0 +1,137 @@
+"""Stage-2 prompt construction, the push check and the seeding rule of rollout.py (vLLM itself: tests/test_train.py)."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import rollout  # noqa: E402
+from rollout import Completion, WeightSyncError, check_sync, extract_long_answer, substitute_context  # noqa: E402
+
+SHARED_CASES = ROOT.parent / "shared" / "cases" / "canoe_reward_cases.json"  # ../shared beside the checkout
+
+
+def load_cases() -> list[dict]:
+    return [c for c in json.loads(SHARED_CASES.read_text()) if c["fn"] == "substitute_context"]
+
+
+@pytest.mark.parametrize("case", load_cases(), ids=lambda c: c["id"])
+def test_substitute_context_shared_cases(case):
+    assert substitute_context(case["problem"], case["long_answer"]) == case["expected"]
+
+
+@pytest.mark.parametrize(
+    "problem, long_answer, expected",
+    [
+        # regex replacement syntax and backslashes stay literal (the original's re.escape bug)
+        ("<context>x</context>\n\nQ?", r"C:\new\table \\ \0", "<context>C:\\new\\table \\\\ \\0</context>\n\nQ?"),
+        ("<context>x</context>\n\nQ?", "It costs 5.00. Is it?", "<context>It costs 5.00. Is it?</context>\n\nQ?"),
+        # an empty context block is still a block
+        ("<context></context>\n\nQ?", "L", "<context>L</context>\n\nQ?"),
+        # text before the block is kept
+        ("Read: <context>x</context> then answer.", "L", "Read: <context>L</context> then answer."),
+        # a long answer that itself contains tags does not confuse the first-block rule
+        ("<context>x</context>\n\nQ?", "a </context> b", "<context>a </context> b</context>\n\nQ?"),
+        # unclosed context: no block
+        ("<context>x\n\nQ?", "L", None),
+        (None, "L", None),
+    ],
+)
+def test_substitute_context_more(problem, long_answer, expected):
+    assert substitute_context(problem, long_answer) == expected
+
+
+def test_substitute_context_does_not_use_regex_replacement():
+    long_answer = "".join(chr(c) for c in range(32, 127))  # every printable ASCII character, \ and \g<0> included
+    assert substitute_context("<context>a</context>", long_answer) == f"<context>{long_answer}</context>"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<think>t</think><long_answer> L1\nL2 </long_answer><answer>a</answer>", "L1\nL2"),
+        ("<long_answer>first</long_answer><long_answer>second</long_answer>", "first"),
+        ("<long_answer></long_answer>", ""),
+        ("<long_answer>unclosed", None),
+        ("no tags", None),
+        (None, None),
+        (42, None),
+    ],
+)
+def test_extract_long_answer(text, expected):
+    assert extract_long_answer(text) == expected
+
+
+def test_doctests():
+    assert doctest.testmod(rollout).failed == 0
+
+
+def test_check_sync_passes_within_tolerance_and_reports_the_gap():
+    vllm = torch.tensor([-1.0, -2.0, -3.0])
+    trainer = torch.tensor([-1.0, -2.0005, -3.0])
+    assert check_sync(vllm, trainer, tolerance=1e-3) == pytest.approx(5e-4, abs=1e-6)
+
+
+def test_check_sync_fails_with_a_message_naming_the_token():
+    vllm = torch.tensor([-1.0, -2.0, -3.0])
+    trainer = torch.tensor([-1.0, -2.5, -3.0])
+    with pytest.raises(WeightSyncError, match=r"by 0.5 nats at token 1 \(vLLM -2.0000, trainer -2.5000"):
+        check_sync(vllm, trainer, tolerance=1e-3)
+
+
+def test_check_sync_fails_on_nan():
+    with pytest.raises(WeightSyncError):
+        check_sync(torch.tensor([float("nan")]), torch.tensor([-1.0]), tolerance=1.0)
+
+
+def test_request_seed_is_stable_and_distinct():
+    assert rollout.request_seed(42, "stage1", 3, 0) == rollout.request_seed(42, "stage1", 3, 0)
+    seeds = {rollout.request_seed(42, stage, step, rank) for stage in ("stage1", "stage2") for step in range(5)
+             for rank in range(3)}
+    assert len(seeds) == 30 and all(0 <= s < 2**63 for s in seeds)
+
+
+class RecordingEngine:
+    """Stands in for vLLM in the one test about which stage-2 prompts are built (generation itself is tested
+    for real in tests/test_train.py); it records what it was asked to sample."""
+
+    def __init__(self):
+        self.prompts = None
+
+    def generate(self, prompts, params, use_tqdm=False):
+        from types import SimpleNamespace
+
+        self.prompts = [p["prompt_token_ids"] for p in prompts]
+        assert params.n == 1
+        sample = SimpleNamespace(text="<answer>x</answer>", token_ids=[7], logprobs=[{7: SimpleNamespace(logprob=-0.1)}],
+                                 finish_reason="stop", index=0)
+        return [SimpleNamespace(outputs=[sample]) for _ in prompts]
+
+
+def test_generate_stage2_regenerates_only_usable_long_answers():
+    problems = ["<context>ctx A</context>\n\nQ1?", "no context block\n\nQ2?"]
+    texts = ["<long_answer>la one</long_answer>", "nothing", "<long_answer>la two</long_answer>",
+             "<long_answer>" + "very long " * 50 + "</long_answer>",  # prompt 1 (G=2): no context block
+             ]
+    completions = [Completion(t, (1,), (-0.5,), "stop") for t in texts]
+    engine = RecordingEngine()
+    render = lambda problem: [ord(ch) for ch in problem]  # noqa: E731 - one "token" per character
+    result = rollout.generate_stage2(engine, problems, completions, num_generations=2, render=render,
+                                     max_prompt_tokens=10_000, temperature=0.9, top_p=1.0, max_tokens=8, seed=1,
+                                     step=0, rank=0)
+    assert result.problems == ["<context>la one</context>\n\nQ1?", None, None, None]
+    assert [c is not None for c in result.completions] == [True, False, False, False]
+    assert engine.prompts == [render("<context>la one</context>\n\nQ1?")]
+    # a prompt over the limit is not sampled and is counted
+    result = rollout.generate_stage2(engine, problems, completions[:2], num_generations=1, render=render,
+                                     max_prompt_tokens=5, temperature=0.9, top_p=1.0, max_tokens=8, seed=1, step=0,
+                                     rank=0)
+    assert result.too_long == 1 and result.completions == [None, None]
