@@ -14,10 +14,11 @@ One optimizer step (../shared/SPEC.md section 1):
       ─ DeepSpeed step (ZeRO-2/3) ─ push weights into vLLM and verify ─ log ─ checkpoint
 
 Deliberate differences from the original CANOE code (a modified TRL GRPOTrainer) that live in this file:
-- the stage-2 regenerations are never trained on (the original only scored them too, but mixed them in its
-  batch bookkeeping);
-- every weight push is verified against the trainer's log-probabilities (the original trusted it);
-- samples are seeded per request, so `--resume` reproduces the uninterrupted run.
+- every weight push is verified against the trainer's log-probabilities (the original trusted the sync);
+- sampling is seeded per step and rank, so `--resume` reproduces the uninterrupted run;
+- `system_prompt` and `response_prefix` can be set in the config (the original hard-coded its system prompt);
+  the defaults are the SPEC's prompt and no prefix.
+Stage-2 completions are scored only, never trained on (SPEC section 1).
 """
 
 from __future__ import annotations

@@ -101,11 +101,12 @@ def check_run(run: Path, steps: int, tolerance: float) -> None:
 
 
 def test_one_rank_zero2(tmp_path, smoke_data):
-    config = write_config(tmp_path, smoke_data, max_steps=3)
+    config = write_config(tmp_path, smoke_data, max_steps=3, tensorboard=True)
     launch(config, 1)
     check_run(tmp_path / "run", 3, tolerance=1e-3)
     info = json.loads((tmp_path / "run" / "run_config.json").read_text())
     assert info["config"]["zero_stage"] == 2 and "deepspeed" in info["versions"]
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 @pytest.mark.parametrize("stage", [2, 3])
