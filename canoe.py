@@ -234,11 +234,16 @@ def print0(*args: Any) -> None:
         print(*args, flush=True)
 
 
-def init_distributed() -> tuple[int, int]:
-    """Join the launcher's process group (a plain `python canoe.py` is a world of one)."""
+def single_process_defaults() -> None:
+    """The launcher's environment, for a plain `python canoe.py` (a world of one); the launcher's values win."""
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the launcher's process group (a plain `python canoe.py` is a world of one)."""
+    single_process_defaults()
     import deepspeed
 
     deepspeed.init_distributed()

@@ -40,15 +40,13 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0) -> di
     from transformers import AutoTokenizer
 
     import rollout
-    from canoe import prompt_style
+    from canoe import prompt_style, resolve_dtype, single_process_defaults
 
     model = model or cfg.model
     eval_file = eval_file or cfg.eval_file
     if not (Path(model) / "config.json").exists():
         raise SystemExit(f"error: model path {model!r} is not a Hugging Face model folder")
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                       ("MASTER_PORT", str(29400 + os.getpid() % 1000))):
-        os.environ.setdefault(key, value)
+    single_process_defaults()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.vllm_cpu_kv_cache_gib))))
 
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -56,11 +54,10 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0) -> di
     rows, report = data.prepare_prompts(tokenizer, rows, cfg.max_prompt_tokens, cfg.on_long_prompt, **prompt_style(cfg))
     print(f"eval data: {eval_file}: {report.summary()}")
 
-    import torch
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+    dtype = str(resolve_dtype(cfg)).removeprefix("torch.")
     llm = rollout.make_engine(model, dtype=dtype, seed=cfg.seed, max_model_len=cfg.max_prompt_tokens + cfg.max_completion_tokens,
                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=False)
     greedy = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_completion_tokens)
