@@ -519,43 +519,6 @@ class PhaseTimer:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def pad_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int, device):
-    """Left-pad prompts and right-pad completions into one `(n, P + C)` batch.
-
-    Returns input_ids, attention_mask, position_ids (all `(n, P + C)`) and the completion mask `(n, C)`, which is
-    1 on every sampled token (the EOS token included, it is a decision the policy made) and 0 on padding.
-    """
-    import torch
-
-    P = max(len(p) for p in prompts)
-    C = max(1, max(len(c) for c in completions))
-    n = len(prompts)
-    input_ids = torch.full((n, P + C), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, P + C), dtype=torch.long)
-    completion_mask = torch.zeros((n, C), dtype=torch.float32)
-    for i, (p, c) in enumerate(zip(prompts, completions)):
-        input_ids[i, P - len(p) : P] = torch.tensor(p)
-        input_ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
-        attention[i, P - len(p) : P + len(c)] = 1
-        completion_mask[i, : len(c)] = 1
-    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)  # (n, P + C); left padding must not shift positions
-    return input_ids.to(device), attention.to(device), position_ids.to(device), completion_mask.to(device)
-
-
-def completion_logprobs(model, input_ids, attention, position_ids, num_completion_tokens: int):
-    """Log-probabilities `(n, C)` of the completion tokens: logits at positions P-1 … P+C-2 predict tokens P … P+C-1.
-
-    Only the last C+1 positions go through the output head (`logits_to_keep`), and `token_logprobs` upcasts one
-    chunk at a time, so no float32 `(n, T, V)` tensor is ever made.
-    """
-    from grpo_loss import token_logprobs
-
-    C = num_completion_tokens
-    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                   logits_to_keep=C + 1, use_cache=False).logits  # (n, C+1, V)
-    return token_logprobs(logits[:, :-1], input_ids[:, -C:])  # (n, C)
-
-
 def compute_rewards(run: Run, rows: list[dict], completions, stage2) -> tuple[Any, dict[str, float]]:
     """Call every configured reward function; returns the weighted total `(N,)` and per-function means."""
     import torch
@@ -586,6 +549,7 @@ def train_step(run: Run) -> dict[str, float]:
     import torch.distributed as dist
 
     import data
+    import packing
     import rollout
     from grpo_loss import group_advantages, grpo_loss, merge_metrics, summarize_metrics
 
@@ -623,19 +587,19 @@ def train_step(run: Run) -> dict[str, float]:
         rewards, reward_means = compute_rewards(run, rows, completions, stage2)  # (N,)
         advantages = group_advantages(rewards, G, eps=cfg.advantage_eps, std=cfg.advantage_std)  # (N,)
 
-    # Micro-batches of prompts_per_device prompts = sequences_per_micro_batch sequences each.
+    # Micro-batches of prompts_per_device prompts = sequences_per_micro_batch sequences each, each packed into one
+    # row in which every prompt appears once, followed by its completions (packing.py).
     M = cfg.sequences_per_micro_batch
     micro = []
     for start in range(0, len(completions), M):
         part = completions[start : start + M]
         prompts = [rows[(start + i) // G]["prompt_ids"] for i in range(len(part))]
-        micro.append((start, *pad_batch(prompts, [c.token_ids for c in part], run.tokenizer.pad_token_id, run.device)))
+        micro.append((start, packing.pack_micro_batch(prompts, [c.token_ids for c in part], run.device)))
 
     ref_logprobs = []
     with timer("ref_logprobs"), torch.no_grad():
-        for _, input_ids, attention, positions, mask in micro:
-            ref_logprobs.append(None if run.reference is None else
-                                completion_logprobs(run.reference, input_ids, attention, positions, mask.shape[1]))
+        for _, packed in micro:
+            ref_logprobs.append(None if run.reference is None else packing.completion_logprobs(run.reference, packed))
 
     # Global denominators so that the micro-batch losses add up to the loss of the whole batch (grpo_loss.py).
     # DeepSpeed averages gradients over ranks, so each rank's share is scaled to its own mean.
@@ -644,9 +608,10 @@ def train_step(run: Run) -> dict[str, float]:
     total_tokens = float(local_tokens) / run.world_size
     run.engine.train()
     loss_sum, loss_metrics, gaps, nonfinite = 0.0, [], [], False
-    for (start, input_ids, attention, positions, mask), ref in zip(micro, ref_logprobs):
+    for (start, packed), ref in zip(micro, ref_logprobs):
+        mask = packed.completion_mask  # (M, C)
         with timer("forward_backward"):
-            logprobs = completion_logprobs(run.engine, input_ids, attention, positions, mask.shape[1])  # (M, C)
+            logprobs = packing.completion_logprobs(run.engine, packed)  # (M, C)
             # One update per rollout: the policy that sampled is the policy being trained, so logp_old is the
             # trainer's own value (ratio 1, gradient of the plain policy-gradient objective), as in the original.
             old = logprobs.detach()
@@ -736,13 +701,13 @@ def verify_push(run: Run) -> float:
     """vLLM's and the trainer's logprobs of the probe completion must agree; raises WeightSyncError otherwise."""
     import torch
 
+    import packing
     import rollout
 
     prompt, completion = run.probe
-    input_ids, attention, positions, _ = pad_batch([prompt], [completion], run.tokenizer.pad_token_id, run.device)
     run.engine.eval()
     with torch.no_grad():
-        trainer = completion_logprobs(run.engine, input_ids, attention, positions, len(completion))[0]
+        trainer = packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])], run.device))[0]
     run.engine.train()
     rollout.reclaim_memory(run.llm, run.sleep)
     vllm = rollout.vllm_token_logprobs(run.llm, prompt, completion)

@@ -115,15 +115,6 @@ def test_unknown_key_from_the_command_line(tmp_path):
 # --- small pure helpers of the driver
 
 
-def test_pad_batch_layout():
-    # prompt [5, 6] and completion [7, 2(EOS)]; prompt [8] and completion [9]
-    ids, attention, positions, mask = canoe.pad_batch([[5, 6], [8]], [[7, 2], [9]], pad_id=0, device="cpu")
-    assert ids.tolist() == [[5, 6, 7, 2], [0, 8, 9, 0]]
-    assert attention.tolist() == [[1, 1, 1, 1], [0, 1, 1, 0]]
-    assert positions.tolist()[1][1:3] == [0, 1]  # left padding does not shift positions
-    assert mask.tolist() == [[1.0, 1.0], [1.0, 0.0]]  # the EOS token is trained on, padding is not
-
-
 def test_deepspeed_batch_arithmetic():
     cfg = Config(prompts_per_device=2, gradient_accumulation_steps=8, num_generations=7)
     ds = canoe.deepspeed_config(cfg, world_size=4, dtype=torch.float32, train=True)
