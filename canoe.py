@@ -278,13 +278,12 @@ def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dic
         ds["zero_optimization"] = {"stage": 3 if cfg.zero_stage == 3 else 0}
         return ds
     ds["gradient_clipping"] = cfg.max_grad_norm
-    ds["optimizer"] = {
-        "type": "AdamW",
-        "params": {"lr": cfg.learning_rate, "betas": list(cfg.adam_betas), "eps": 1e-8,
-                   "weight_decay": cfg.weight_decay,
-                   # DeepSpeed's fused Adam is a CUDA kernel; torch's AdamW everywhere else.
-                   "torch_adam": not torch.cuda.is_available() and not cfg.offload_optimizer},
-    }
+    params = {"lr": cfg.learning_rate, "betas": list(cfg.adam_betas), "eps": 1e-8, "weight_decay": cfg.weight_decay}
+    if not torch.cuda.is_available() and not cfg.offload_optimizer:
+        # DeepSpeed's fused Adam is a CUDA kernel; on the CPU, torch's AdamW with its fused CPU kernel: one pass
+        # over the flat ZeRO partition instead of a dozen (SmolLM2: 0.41 s -> 0.07 s per update, measured here).
+        params |= {"torch_adam": True, "fused": True}
+    ds["optimizer"] = {"type": "AdamW", "params": params}
     if cfg.offload_optimizer:
         ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     return ds
@@ -451,12 +450,20 @@ def prompt_style(cfg: Config) -> dict[str, str]:
     return {"system_prompt": cfg.system_prompt or data.SYSTEM_PROMPT, "response_prefix": cfg.response_prefix}
 
 
+PROBE_PROMPT_TOKENS = 48
+
+
 def make_probe(tokenizer, row: dict) -> tuple[list[int], list[int]]:
-    """A fixed prompt and completion whose log-probabilities vLLM and the trainer must agree on after a push."""
+    """A fixed prompt and completion whose log-probabilities vLLM and the trainer must agree on after a push.
+
+    The prompt is the last PROBE_PROMPT_TOKENS tokens of a training prompt (the question and the assistant turn's
+    opening): every weight acts on every token, so a short probe catches a push that did not land as well as a
+    long one, and checking it costs ~0.45 s a step instead of ~0.9 s with the whole prompt (SmolLM2, 2 cores).
+    """
     completion = ("<think>The passage answers the question directly.</think>\n<long_answer>According to the "
                   "passage, the answer is stated in its first sentence.</long_answer>\n<answer>")
     ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-    return list(row["prompt_ids"]), list(ids)
+    return list(row["prompt_ids"])[-PROBE_PROMPT_TOKENS:], list(ids)
 
 
 def write_run_info(cfg: Config, out: Path, world_size: int) -> None:
@@ -524,9 +531,10 @@ def compute_rewards(run: Run, rows: list[dict], completions, stage2) -> tuple[An
     import torch
 
     import data
-    from rewards import REWARD_FUNCS
+    from rewards import REWARD_FUNCS, REWARD_ISSUES
 
     G = run.cfg.num_generations
+    issues_before = sum(REWARD_ISSUES.values())
     columns = {key: [row[key] for row in rows for _ in range(G)] for key in rows[0] if key not in ("prompt_ids",)}
     messages = [[{"role": "assistant", "content": c.text}] for c in completions]
     long_answer = [None if c is None else [{"role": "assistant", "content": c.text}] for c in stage2.completions]
@@ -537,6 +545,8 @@ def compute_rewards(run: Run, rows: list[dict], completions, stage2) -> tuple[An
         per_func[:, j] = torch.tensor(scores, dtype=torch.float32)
     total = per_func @ torch.tensor(run.cfg.reward_weights, dtype=torch.float32)  # (N,)
     means = {f"reward/{name}": float(per_func[:, j].mean()) for j, name in enumerate(run.cfg.reward_funcs)}
+    # Malformed inputs and caught errors inside the reward functions (rewards.py logs the first of each kind).
+    means["reward/issues"] = sum(REWARD_ISSUES.values()) - issues_before
     # The evaluation metric, watched during training: normalised exact match of the stage-1 answers.
     em = [data.exact_match(data.answer_span(c.text), data.answer_span(s)) for c, s in zip(completions, columns["solution"])]
     means["faithfulness/em"] = sum(em) / len(em)

@@ -121,6 +121,7 @@ def test_deepspeed_batch_arithmetic():
     assert ds["train_micro_batch_size_per_gpu"] == 14
     assert ds["train_batch_size"] == 14 * 8 * 4
     assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 1.0
+    assert ds["optimizer"]["params"].get("fused") is (not torch.cuda.is_available())  # torch's fused CPU AdamW
     reference = canoe.deepspeed_config(Config(zero_stage=3), world_size=1, dtype=torch.float32, train=False)
     assert "optimizer" not in reference and reference["zero_optimization"]["stage"] == 3
 

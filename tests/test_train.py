@@ -79,8 +79,11 @@ def check_run(run: Path, steps: int, tolerance: float) -> None:
     for m in metrics:
         # every push was verified, and within the configured tolerance (a failed check stops the run)
         assert 0.0 <= m["sync/push_max_abs_diff"] <= tolerance
+        # the trainer's packed scoring of the sampled tokens agrees with the log-probs vLLM sampled them with
+        assert 0.0 < m["sync/vllm_trainer_gap"] <= tolerance
         for key in ("reward/accuracy", "reward/format", "reward/influence", "reward/length", "loss/kl", "time/stage1"):
             assert key in m
+        assert m["reward/issues"] >= 0
     assert sum(m["stage2/regenerated_frac"] for m in metrics) > 0
     # weights changed
     before = load_file(SMOKE_MODEL / "model.safetensors")
