@@ -43,6 +43,7 @@ test: setup
 # The benchmarks of bench/RESULTS.md (the step benchmark installs TRL into its own .venv-trl first).
 bench: setup data bench-setup-trl
 	$(PY) bench/bench_rewards.py
+	$(PY) bench/bench_packing.py
 	$(PY) bench/bench_step.py --data data/synth/train.jsonl --steps 3 --micro-prompts 1 --json runs/bench/step.json
 
 bench-setup-trl:

@@ -13,9 +13,9 @@ padded layout — the same function of the same inputs, only the prompt's work i
 prompt positions is the sum over the G completions, exactly what G copies would have accumulated. No padding
 token is ever computed.
 
-On the CPU default (prompts ~210 tokens, completions ~70 of at most 128, G = 7) a group is ~700 tokens instead
-of 7 × 338 = 2,366: the forward/backward and the reference forward do about a third of the work
-(`bench/bench_step.py`). The cost is a dense mask: attention scores are computed for all L² pairs, most of them
+A group shaped like the step benchmark's (a 210-token prompt, 7 completions of 40 to 128 tokens) is 705 tokens
+instead of 2,366, and its forward and its forward + backward ran 2.6-2.7x faster on 2 CPU cores
+(`bench/bench_packing.py`, figures in bench/RESULTS.md). The cost is a dense mask: attention scores are computed for all L² pairs, most of them
 masked. That is cheap next to the linear layers while L is a few thousand tokens; a model configured for
 flash-attention cannot take a 4D mask, so only the `sdpa` and `eager` implementations are accepted.
 
@@ -87,9 +87,9 @@ def pack(groups: Sequence[Group], device: torch.device | str = "cpu") -> Packed:
             targets += completion
             lengths.append(len(completion))
 
-    group = torch.tensor(group_of)  # (L,)
-    part = torch.tensor(part_of)  # (L,)
-    index = torch.arange(len(ids))  # (L,)
+    group = torch.tensor(group_of, device=device)  # (L,); built where it is used: (L, L) is large on long rows
+    part = torch.tensor(part_of, device=device)  # (L,)
+    index = torch.arange(len(ids), device=device)  # (L,)
     allowed = (
         (group[:, None] == group[None, :])
         & (index[None, :] <= index[:, None])
@@ -100,7 +100,7 @@ def pack(groups: Sequence[Group], device: torch.device | str = "cpu") -> Packed:
     return Packed(
         input_ids=torch.tensor([ids], dtype=torch.long, device=device),
         position_ids=torch.tensor([positions], dtype=torch.long, device=device),
-        allowed=allowed.to(device),
+        allowed=allowed,
         predictors=torch.tensor(predictors, dtype=torch.long, device=device),
         targets=torch.tensor(targets, dtype=torch.long, device=device),
         completion_mask=completion_mask.to(device),
@@ -129,7 +129,7 @@ def attention_mask(model, allowed: torch.Tensor) -> torch.Tensor:
     if implementation not in SUPPORTED_ATTENTION:
         raise ValueError(f"packed sequences need a 4D attention mask, which attn_implementation={implementation!r} "
                          f"does not take; load the model with one of {SUPPORTED_ATTENTION}")
-    dtype = next(p for p in model.parameters()).dtype
+    dtype = next(model.parameters()).dtype
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]  # (1, 1, L, L)
 
