@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import canoe
+from canoe import Config, ConfigError, load_config
 
-import canoe  # noqa: E402
-from canoe import Config, ConfigError, load_config  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import evaluate
+import plot
 
-import evaluate  # noqa: E402
-import plot  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 FORMATTED = "<think>t</think><long_answer>The city is Lyon.</long_answer><answer>{}</answer>"
 

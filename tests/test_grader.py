@@ -3,18 +3,14 @@
 Run: .venv/bin/python -m pytest tests/test_grader.py -q
 """
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the modules live at the repo root
-
-import grader  # noqa: E402
-from deadline import DeadlinePool, WorkerStartError  # noqa: E402
-from grader import (  # noqa: E402
+import grader
+from deadline import DeadlinePool, WorkerStartError
+from grader import (
     MathGrader,
     last_boxed,
     needs_math_verify,

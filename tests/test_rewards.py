@@ -5,7 +5,6 @@ Run: .venv/bin/python -m pytest tests/test_rewards.py -q
 
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -13,11 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the modules live at the repo root
-
-import rewards  # noqa: E402
-from grader import MathGrader  # noqa: E402
-from rewards import (  # noqa: E402
+import rewards
+from grader import MathGrader
+from rewards import (
     REWARD_FUNCS,
     REWARD_ISSUES,
     accuracy_reward,

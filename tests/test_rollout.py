@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import doctest
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import rollout
+from rollout import Completion, WeightSyncError, check_sync, extract_long_answer, substitute_context
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import rollout  # noqa: E402
-from rollout import Completion, WeightSyncError, check_sync, extract_long_answer, substitute_context  # noqa: E402
-
 SHARED_CASES = ROOT.parent / "shared" / "cases" / "canoe_reward_cases.json"  # ../shared beside the checkout
 
 

@@ -19,7 +19,6 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE_MODEL = ROOT / "models" / "smoke-llama"
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from prepare_models import SMOKE_ANSWERS  # noqa: E402
