@@ -27,7 +27,7 @@ models: $(VENV)/.setup-done
 	$(PY) scripts/prepare_models.py
 
 data: setup
-	test -f data/synth/train.jsonl || $(PY) data.py synth --out data/synth
+	test -f data/synth/train.jsonl || $(PY) synth.py --out data/synth
 
 train: setup data
 	$(VENV)/bin/deepspeed canoe.py --config config.toml

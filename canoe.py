@@ -1,227 +1,68 @@
-"""CANOE Dual-GRPO: the driver. Config → set-up → one training loop that calls into the concern files.
+"""CANOE Dual-GRPO: the driver. Config → set-up → the training step → the loop.
 
     deepspeed canoe.py --config config.toml              # train (1 rank on a CPU, one rank per GPU otherwise)
     deepspeed canoe.py --config config.toml --resume     # continue from the run's latest checkpoint
     python canoe.py --config config.toml --eval [--model DIR] [--eval-file F]   # greedy faithfulness evaluation
     python canoe.py --describe-config                    # every config key with its meaning and default
 
-One optimizer step (../shared/SPEC.md section 1):
+One training step (CANOE, arXiv 2505.16483; docs/DESIGN.md, "The step, in one picture"):
 
-    batch of B prompts (this rank) ─ stage 1: G samples each (vLLM) ─ rewards: accuracy, format
-      ─ stage 2: long answer in place of the context, 1 sample each ─ rewards: influence, length
+    batch of B prompts (this rank) ─ stage 1: G samples each (vLLM)
+      ─ stage 2: each long answer in place of the context, 1 sample each
+      ─ rewards: accuracy, format (stage 1), influence (stage 2), length; weighted sum
       ─ advantages A = (r − mean_group) / (std_group + eps)
-      ─ micro-batches of `prompts_per_device` prompts: clipped surrogate − β·KL on stage-1 tokens only
+      ─ micro-batches of `prompts_per_device` prompts: clipped surrogate − β·KL on stage-1 tokens only, backward
       ─ DeepSpeed step (ZeRO-2/3) ─ push weights into vLLM and verify ─ log ─ checkpoint
 
 Deliberate differences from the original CANOE code (a modified TRL GRPOTrainer) that live in this file:
 - every weight push is verified against the trainer's log-probabilities (the original trusted the sync);
 - sampling is seeded per step and rank, so `--resume` reproduces the uninterrupted run;
 - `system_prompt` and `response_prefix` can be set in the config (the original hard-coded its system prompt);
-  the defaults are the SPEC's prompt and no prefix.
-Stage-2 completions are scored only, never trained on (SPEC section 1).
+- a micro-batch is scored with each prompt once (packing.py), not once per completion;
+- optional, all off by default: μ updates per rollout, truncated importance sampling against vLLM's
+  log-probabilities, and the Dr. GRPO / DAPO / GSPO loss options of grpo_loss.py.
+Stage-2 completions are scored only, never trained on (docs/DESIGN.md, "Rollout").
+
+Timing, metrics and logging live in metrics.py; this file holds what a step does.
 """
 
 from __future__ import annotations
 
+import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
+
 import argparse
 import dataclasses
-import difflib
 import json
 import math
 import os
 import sys
 import time
-import tomllib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any
 
-# vLLM in-process; must be set before vLLM is imported.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-# Without OMP_NUM_THREADS vLLM cuts torch to ONE thread "for serving", which would also leave training on one
-# core (measured on the 2-core machine: SmolLM2 forward+backward of 14 × 350 tokens takes 46 s on one thread,
-# 26 s on two). Share the cores among the ranks instead.
-os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import deepspeed
+import psutil
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent
-
-
-# ==============================================================================================================
-# Config
-# ==============================================================================================================
-
-
-def _key(default: Any, help: str) -> Any:
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass(frozen=True)
-class Config:
-    """Every setting of a run. `config.toml` sets any subset; unknown keys and wrong types are errors."""
-
-    # --- model
-    model: str = _key("models/SmolLM2-135M-Instruct", "policy to train: a Hugging Face model folder")
-    dtype: str = _key("auto", "auto (bfloat16 on a GPU that has it, else float32), float32 or bfloat16")
-    gradient_checkpointing: bool = _key(False, "recompute activations in backward to save memory")
-    # --- data
-    train_file: str = _key("data/synth/train.jsonl", "training JSONL: problem, solution, extra fields")
-    eval_file: str = _key("data/synth/eval.jsonl", "evaluation JSONL (or ConFiQA-style JSON) for --eval")
-    max_prompt_tokens: int = _key(1024, "prompts longer than this (with the chat template) are handled by on_long_prompt")
-    on_long_prompt: str = _key("drop", "drop (remove and report their ids) or error")
-    system_prompt: str = _key("", "system prompt; empty = data.SYSTEM_PROMPT (../shared/SPEC.md section 2)")
-    response_prefix: str = _key("", "text that opens every answer, e.g. \"<think>\" (R1-Zero's prompt end)")
-    # --- rollout
-    num_generations: int = _key(7, "G, samples per prompt in stage 1 (the group of the advantage)")
-    max_completion_tokens: int = _key(1024, "max new tokens per completion, stage 1 and stage 2")
-    temperature: float = _key(0.9, "sampling temperature, stage 1 and stage 2")
-    top_p: float = _key(1.0, "nucleus sampling, stage 1 and stage 2")
-    dual: bool = _key(True, "run stage 2 (CANOE's do_long_answer); without it influence is always 0")
-    vllm_gpu_memory_utilization: float = _key(0.7, "share of GPU memory vLLM may take (GPU only)")
-    vllm_cpu_kv_cache_gib: float = _key(1.0, "vLLM KV cache size on a CPU, GiB")
-    vllm_sleep: bool = _key(True, "release vLLM's memory during training where the platform supports it (CUDA)")
-    sync_tolerance: float = _key(1e-3, "max |logprob difference| between vLLM and trainer after a push")
-    # --- rewards
-    reward_funcs: list = _key(["accuracy", "format", "influence", "length"], "names from rewards.REWARD_FUNCS")
-    reward_weights: list = _key([1.0, 1.0, 1.0, 1.0], "one weight per reward; the total is their weighted sum")
-    reward_workers: int = _key(2, "processes grading math answers in parallel")
-    reward_deadline_s: float = _key(1.0, "hard per-sample deadline of symbolic grading (then string match)")
-    # --- optimisation
-    prompts_per_device: int = _key(2, "prompts per micro-batch on each rank (each with G completions)")
-    gradient_accumulation_steps: int = _key(8, "micro-batches per optimizer step (one rollout per step)")
-    num_epochs: float = _key(2.0, "passes over the training prompts (used when max_steps is 0)")
-    max_steps: int = _key(0, "optimizer steps; 0 = derive from num_epochs")
-    learning_rate: float = _key(1e-6, "peak learning rate (AdamW)")
-    lr_scheduler: str = _key("cosine", "cosine or constant, after linear warm-up")
-    warmup_ratio: float = _key(0.1, "share of the steps spent in linear warm-up")
-    weight_decay: float = _key(0.0, "AdamW weight decay")
-    adam_betas: list = _key([0.9, 0.999], "AdamW betas")
-    max_grad_norm: float = _key(1.0, "gradient clipping (global norm)")
-    zero_stage: int = _key(2, "DeepSpeed ZeRO stage: 2 or 3")
-    offload_optimizer: bool = _key(False, "keep optimizer state in CPU memory (DeepSpeed CPU Adam)")
-    # --- loss (../shared/SPEC.md section 5)
-    beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
-    clip_eps_low: float = _key(0.2, "ε_low: the ratio is clipped below at 1 − ε_low")
-    clip_eps_high: float = _key(0.2, "ε_high: the ratio is clipped above at 1 + ε_high")
-    aggregation: str = _key("seq-mean-token-mean", "seq-mean-token-mean (the original) or token-mean")
-    advantage_eps: float = _key(1e-4, "eps in (r − mean) / (std + eps)")
-    advantage_std: str = _key("unbiased", "unbiased (the original) or biased")
-    # --- run
-    output_dir: str = _key("runs/default", "run folder: config, metrics, samples, checkpoints")
-    seed: int = _key(42, "seed of data order, sampling and initialisation")
-    sample_every: int = _key(10, "write prompts and completions to samples.jsonl every N steps (0 = never)")
-    save_every: int = _key(50, "checkpoint every N steps (the last step is always saved; 0 = only the last)")
-    keep_checkpoints: int = _key(2, "how many checkpoints to keep")
-    max_bad_steps: int = _key(3, "stop after this many steps in a row with a non-finite loss")
-    tensorboard: bool = _key(False, "also log to TensorBoard (OUTPUT_DIR/tensorboard)")
-    wandb_project: str = _key("", "also log to this Weights & Biases project (needs `pip install wandb`)")
-
-    # Derived sizes (per rank): a step trains on prompts_per_step prompts in gradient_accumulation_steps micro-batches.
-    @property
-    def prompts_per_step(self) -> int:
-        return self.prompts_per_device * self.gradient_accumulation_steps
-
-    @property
-    def sequences_per_micro_batch(self) -> int:
-        return self.prompts_per_device * self.num_generations
-
-
-CHOICES = {
-    "dtype": ("auto", "float32", "bfloat16"),
-    "on_long_prompt": ("drop", "error"),
-    "lr_scheduler": ("cosine", "constant"),
-    "zero_stage": (2, 3),
-    "aggregation": ("seq-mean-token-mean", "token-mean"),
-    "advantage_std": ("unbiased", "biased"),
-}
-
-
-class ConfigError(ValueError):
-    """A config file the run cannot use; the message names the key."""
-
-
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
-    """Read a TOML file into a Config: unknown keys, wrong types and bad values are errors naming the key."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path} is not valid TOML: {error}") from None
-    raw.update(overrides or {})
-    fields = {f.name: f for f in dataclasses.fields(Config)}
-    values = {}
-    for key, value in raw.items():
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=2, cutoff=0.75)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise ConfigError(f"{path}: unknown key {key!r}{hint}; `python canoe.py --describe-config` lists them")
-        values[key] = _checked(path, key, value, fields[key].type, fields[key].default)
-    cfg = Config(**values)
-    _validate(path, cfg)
-    return cfg
-
-
-def _checked(path: Path, key: str, value: Any, annotation: str, default: Any) -> Any:
-    expected = {"str": str, "int": int, "float": (int, float), "bool": bool, "list": list}[annotation]
-    # bool is an int in Python; a TOML `true` for a number (or 1 for a flag) is a mistake worth naming.
-    if isinstance(value, bool) != (annotation == "bool") or not isinstance(value, expected):
-        raise ConfigError(f"{path}: key {key!r} must be {annotation}, got {type(value).__name__} {value!r}")
-    return float(value) if annotation == "float" else value
-
-
-def _validate(path: Path, cfg: Config) -> None:
-    def bad(key: str, why: str) -> ConfigError:
-        return ConfigError(f"{path}: {key} = {getattr(cfg, key)!r}: {why}")
-
-    for key, allowed in CHOICES.items():
-        if getattr(cfg, key) not in allowed:
-            raise bad(key, f"must be one of {allowed}")
-    if cfg.num_generations < 2:
-        raise bad("num_generations", "GRPO needs at least 2 samples per prompt to compare them")
-    for key in ("prompts_per_device", "gradient_accumulation_steps", "max_prompt_tokens", "max_completion_tokens",
-                "reward_workers", "keep_checkpoints", "max_bad_steps"):
-        if getattr(cfg, key) < 1:
-            raise bad(key, "must be at least 1")
-    for key in ("max_steps", "sample_every", "save_every", "beta", "weight_decay", "clip_eps_low", "clip_eps_high",
-                "advantage_eps", "num_epochs", "temperature"):
-        if getattr(cfg, key) < 0:
-            raise bad(key, "must not be negative")
-    if cfg.max_steps == 0 and cfg.num_epochs == 0:
-        raise bad("num_epochs", "with max_steps = 0 this must be positive")
-    if not 0 < cfg.learning_rate < 1:
-        raise bad("learning_rate", "must lie in (0, 1)")
-    if not 0 <= cfg.warmup_ratio < 1:
-        raise bad("warmup_ratio", "must lie in [0, 1)")
-    if not 0 < cfg.top_p <= 1:
-        raise bad("top_p", "must lie in (0, 1]")
-    from rewards import REWARD_FUNCS
-
-    unknown = [name for name in cfg.reward_funcs if name not in REWARD_FUNCS]
-    if unknown or not cfg.reward_funcs:
-        raise bad("reward_funcs", f"unknown {unknown}; known: {sorted(REWARD_FUNCS)}")
-    if len(cfg.reward_weights) != len(cfg.reward_funcs) or not all(
-        isinstance(w, (int, float)) and not isinstance(w, bool) for w in cfg.reward_weights
-    ):
-        raise bad("reward_weights", f"need one number per reward function ({len(cfg.reward_funcs)})")
-    if len(cfg.adam_betas) != 2:
-        raise bad("adam_betas", "need two numbers")
-
-
-def describe_config() -> str:
-    lines = []
-    for f in dataclasses.fields(Config):
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        lines.append(f"{f.name} = {json.dumps(default)}".ljust(52)
-                     + f"# {f.metadata['help']}")
-    return "\n".join(lines)
+import checkpoint
+import data
+import evaluate
+import packing
+import rollout
+from config import Config, ConfigError, describe_config, load_config
+from grader import MathGrader
+from grpo_loss import group_advantages, grpo_loss, trained_sequences, zero_variance_groups
+from metrics import RunLog, Step, step_metrics, timed
+from rewards import REWARD_FUNCS, REWARD_ISSUES
+from runtime import init_distributed, print0, resolve_dtype
 
 
 # ==============================================================================================================
@@ -229,41 +70,8 @@ def describe_config() -> str:
 # ==============================================================================================================
 
 
-def print0(*args: Any) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(*args, flush=True)
-
-
-def single_process_defaults() -> None:
-    """The launcher's environment, for a plain `python canoe.py` (a world of one); the launcher's values win."""
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-
-
-def init_distributed() -> tuple[int, int]:
-    """Join the launcher's process group (a plain `python canoe.py` is a world of one)."""
-    single_process_defaults()
-    import deepspeed
-
-    deepspeed.init_distributed()
-    import torch.distributed as dist
-
-    return dist.get_rank(), dist.get_world_size()
-
-
-def resolve_dtype(cfg: Config):
-    import torch
-
-    if cfg.dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-    return getattr(torch, cfg.dtype)
-
-
 def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dict:
     """The DeepSpeed config, built from ours (no separate JSON to keep in step)."""
-    import torch
-
     micro = cfg.sequences_per_micro_batch
     ds = {
         "train_micro_batch_size_per_gpu": micro,
@@ -290,7 +98,10 @@ def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dic
 
 
 def lr_lambda(cfg: Config, total_steps: int):
-    """Linear warm-up over warmup_ratio of the steps, then cosine to 0 (or constant)."""
+    """Linear warm-up over warmup_ratio of the optimizer steps, then cosine to 0 (or constant).
+
+    `total_steps` counts optimizer steps: training steps × num_iterations (each rollout is trained μ times).
+    """
     warmup = int(cfg.warmup_ratio * total_steps)
 
     def factor(step: int) -> float:
@@ -326,7 +137,8 @@ class Run:
     step: int = 0
     bad_steps_in_a_row: int = 0
     bad_steps_total: int = 0
-    last_rollout: tuple = ()  # (rows, completions, stage2, rewards) of the latest step, for samples.jsonl
+    times: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per phase of the current step
+    last_step: Any = None  # the latest Step, for samples.jsonl
 
 
 def check_paths(cfg: Config, *, train: bool) -> None:
@@ -336,7 +148,7 @@ def check_paths(cfg: Config, *, train: bool) -> None:
         raise SystemExit(f"error: model path {cfg.model!r} is not a Hugging Face model folder{hint}")
     data = Path(cfg.train_file if train else cfg.eval_file)
     if not data.exists():
-        hint = " (run `make data` or `python data.py synth --out data/synth`)" if "synth" in str(data) else ""
+        hint = " (run `make data` or `python synth.py --out data/synth`)" if "synth" in str(data) else ""
         raise SystemExit(f"error: data file {str(data)!r} does not exist{hint}")
 
 
@@ -347,9 +159,6 @@ def check_fits(cfg: Config, num_parameters: int, dtype) -> None:
     (12 bytes/param, sharded over the ranks by ZeRO, or kept on the host with offload_optimizer), the reference
     model (when β > 0) and vLLM's own copy of the weights. Activations come on top.
     """
-    import psutil
-    import torch
-
     width = torch.finfo(dtype).bits // 8
     world = int(os.environ.get("WORLD_SIZE", "1"))
     optimizer = 12 * num_parameters / world
@@ -372,14 +181,6 @@ def check_fits(cfg: Config, num_parameters: int, dtype) -> None:
 
 
 def setup(cfg: Config, *, resume: bool) -> Run:
-    import deepspeed
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import data
-    import rollout
-    from grader import MathGrader
-
     check_paths(cfg, train=True)
     rank, world_size = init_distributed()
     torch.manual_seed(cfg.seed + rank)
@@ -390,14 +191,14 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         write_run_info(cfg, out, world_size)
-    dtype = resolve_dtype(cfg)
+    dtype = resolve_dtype(cfg.dtype)
 
     # Data: every rank loads and renders the same prompts; the sampler gives each rank its own slice.
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", data.PromptOverflowWarning)
         rows, report = data.prepare_prompts(tokenizer, data.load_dataset(cfg.train_file), cfg.max_prompt_tokens,
-                                            cfg.on_long_prompt, **prompt_style(cfg))
+                                            cfg.on_long_prompt, **cfg.prompt_style())
     print0(f"data: {cfg.train_file}: {report.summary()}")
     try:
         sampler = data.PromptSampler(len(rows), cfg.prompts_per_step, cfg.seed, rank, world_size)
@@ -415,7 +216,7 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     engine, _, _, _ = deepspeed.initialize(
         model=policy, model_parameters=[p for p in policy.parameters() if p.requires_grad],
         config=deepspeed_config(cfg, world_size, dtype, train=True),
-        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_steps)),
+        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_steps * cfg.num_iterations)),
     )
     reference = None
     if cfg.beta > 0:
@@ -442,12 +243,6 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     if resume:
         restore(run)
     return run
-
-
-def prompt_style(cfg: Config) -> dict[str, str]:
-    import data
-
-    return {"system_prompt": cfg.system_prompt or data.SYSTEM_PROMPT, "response_prefix": cfg.response_prefix}
 
 
 PROBE_PROMPT_TOKENS = 48
@@ -480,9 +275,6 @@ def write_run_info(cfg: Config, out: Path, world_size: int) -> None:
 
 
 def restore(run: Run) -> None:
-    import checkpoint
-    import rollout
-
     path = checkpoint.latest_checkpoint(run.out)
     if path is None:
         raise SystemExit(f"error: --resume given but {run.out}/checkpoints has no complete checkpoint")
@@ -513,301 +305,271 @@ def truncate_log(path: Path, last_step: int) -> None:
 # ==============================================================================================================
 
 
-class PhaseTimer:
-    """Wall-clock seconds per named phase of one step."""
+def train_step(run: Run) -> Step:
+    """One Dual-GRPO step on this rank's next batch of B prompts (N = B·G completions); returns what happened."""
+    cfg, G = run.cfg, run.cfg.num_generations
+    rows = [run.rows[i] for i in run.sampler.next_batch()]  # B prompts
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
+    # 1. Rollout (vLLM). Stage 1: G samples per prompt. Stage 2: each sample's long answer in place of its
+    #    prompt's context, one new sample from that (None where there is no long answer to put in).
+    with vllm_awake(run):
+        completions = sample_stage1(run, rows)  # N completions, prompt-major
+        stage2 = sample_stage2(run, rows, completions)  # N entries
 
-    @contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        yield
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+    # 2. Rewards: the weighted sum of the configured reward functions.
+    rewards, reward_means = score(run, rows, completions, stage2)  # (N,)
+
+    # 3. Group-relative advantages. Optionally some sequences leave the loss (DAPO): truncated ones, and groups
+    #    whose rewards are all equal (their advantages are 0, so only the KL term would train on them).
+    advantages = group_advantages(rewards, G, eps=cfg.advantage_eps, std=cfg.advantage_std)  # (N,)
+    truncated = torch.tensor([c.finish_reason == "length" for c in completions])  # (N,)
+    kept = trained_sequences(rewards, G, truncated, mask_truncated=cfg.mask_truncated,
+                             skip_zero_variance_groups=cfg.skip_zero_variance_groups)  # (N,) bool
+
+    # 4. Micro-batches, each packed into one row, and what does not change while training on this rollout:
+    #    π_ref (for the KL) and π_old (the policy that sampled, for the ratio) of every sampled token.
+    batches = micro_batches(run, rows, completions, advantages, kept)
+    totals = loss_denominators(kept, batches)  # None when no rank kept a sequence: nothing to train on
+    if totals:
+        reference_logprobs(run, batches)
+        old_logprobs(run, batches)
+
+    # 5. Loss and backward per micro-batch; DeepSpeed applies the update at the last one of a pass. A pass is
+    #    repeated num_iterations (μ) times on the same rollout: from the second pass on, π_θ ≠ π_old.
+    losses = []
+    for _ in range(cfg.num_iterations if totals else 0):
+        for batch in batches:
+            losses.append(forward_backward(run, batch, totals))
+            optimizer_step(run)
+        skip_or_stop_on_nonfinite(run, [loss for loss, _ in losses[-len(batches):]])
+
+    # 6. Push the new weights into vLLM and prove that they arrived.
+    push_seconds, sync_diff = push_and_verify(run)
+
+    run.step += 1
+    return Step(rows, completions, stage2, rewards, reward_means, kept, losses, batches, push_seconds, sync_diff,
+                zero_variance_groups(rewards, G))
 
 
-def compute_rewards(run: Run, rows: list[dict], completions, stage2) -> tuple[Any, dict[str, float]]:
-    """Call every configured reward function; returns the weighted total `(N,)` and per-function means."""
-    import torch
+@contextmanager
+def vllm_awake(run: Run) -> Iterator[None]:
+    """vLLM holds its memory only while it samples (CUDA sleep mode; a no-op on the CPU)."""
+    rollout.reclaim_memory(run.llm, run.sleep)
+    yield
+    rollout.release_memory(run.llm, run.sleep)
 
-    import data
-    from rewards import REWARD_FUNCS, REWARD_ISSUES
 
-    G = run.cfg.num_generations
-    issues_before = sum(REWARD_ISSUES.values())
-    columns = {key: [row[key] for row in rows for _ in range(G)] for key in rows[0] if key not in ("prompt_ids",)}
+def sampling(run: Run) -> dict[str, Any]:
+    cfg = run.cfg
+    return dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_tokens, seed=cfg.seed,
+                step=run.step, rank=run.rank)
+
+
+def with_prefix(cfg: Config, completion: rollout.Completion | None) -> rollout.Completion | None:
+    """The response prefix sits in the prompt, but the rewards judge the whole answer: put it back in the text."""
+    if completion is None or not cfg.response_prefix:
+        return completion
+    return dataclasses.replace(completion, text=cfg.response_prefix + completion.text)
+
+
+@timed("stage1")
+def sample_stage1(run: Run, rows: list[dict]) -> list[rollout.Completion]:
+    completions = rollout.generate_stage1(run.llm, [r["prompt_ids"] for r in rows],
+                                          num_generations=run.cfg.num_generations, **sampling(run))
+    return [with_prefix(run.cfg, c) for c in completions]
+
+
+@timed("stage2")
+def sample_stage2(run: Run, rows: list[dict], completions: list[rollout.Completion]) -> rollout.Stage2:
+    cfg = run.cfg
+    if not cfg.dual:
+        return rollout.Stage2([None] * len(completions), [None] * len(completions), 0)
+
+    def render(problem: str) -> list[int]:  # the stage-2 prompt: same system prompt and chat template as stage 1
+        return run.tokenizer(data.render_prompt(run.tokenizer, problem, **cfg.prompt_style()),
+                             add_special_tokens=False)["input_ids"]
+
+    stage2 = rollout.generate_stage2(run.llm, [r["problem"] for r in rows], completions,
+                                     num_generations=cfg.num_generations, render=render,
+                                     max_prompt_tokens=cfg.max_prompt_tokens + cfg.max_completion_tokens, **sampling(run))
+    return dataclasses.replace(stage2, completions=[with_prefix(cfg, c) for c in stage2.completions])
+
+
+@timed("rewards")
+def score(run: Run, rows: list[dict], completions, stage2) -> tuple[torch.Tensor, dict[str, float]]:
+    """Call every reward of `cfg.rewards`; returns the weighted total `(N,)` and the logged per-reward means.
+
+    Every dataset field arrives as a keyword argument with one value per completion (the reward functions'
+    convention), and `completions_long_answer` carries the stage-2 completions. A reward that raises stops the
+    run: only malformed inputs are the rewards' to score 0 (and count in REWARD_ISSUES).
+    """
+    G, names = run.cfg.num_generations, list(run.cfg.rewards)
+    issues_before, timeouts_before = sum(REWARD_ISSUES.values()), run.grader.timeouts
+    columns = {key: [row[key] for row in rows for _ in range(G)] for key in rows[0] if key != "prompt_ids"}
     messages = [[{"role": "assistant", "content": c.text}] for c in completions]
     long_answer = [None if c is None else [{"role": "assistant", "content": c.text}] for c in stage2.completions]
-    per_func = torch.zeros(len(completions), len(run.cfg.reward_funcs))  # (N, R)
-    for j, name in enumerate(run.cfg.reward_funcs):
+    per_reward = torch.zeros(len(completions), len(names))  # (N, R)
+    for j, name in enumerate(names):
         scores = REWARD_FUNCS[name](messages, completions_long_answer=long_answer, grader=run.grader,
                                     log_dir=str(run.out), **columns)
-        per_func[:, j] = torch.tensor(scores, dtype=torch.float32)
-    total = per_func @ torch.tensor(run.cfg.reward_weights, dtype=torch.float32)  # (N,)
-    means = {f"reward/{name}": float(per_func[:, j].mean()) for j, name in enumerate(run.cfg.reward_funcs)}
-    # Malformed inputs and caught errors inside the reward functions (rewards.py logs the first of each kind).
+        per_reward[:, j] = torch.tensor(scores, dtype=torch.float32)
+    total = per_reward @ torch.tensor([run.cfg.rewards[name] for name in names], dtype=torch.float32)  # (N,)
+    means = {f"reward/{name}": float(per_reward[:, j].mean()) for j, name in enumerate(names)}
     means["reward/issues"] = sum(REWARD_ISSUES.values()) - issues_before
+    means["reward/timeouts"] = run.grader.timeouts - timeouts_before
     # The evaluation metric, watched during training: normalised exact match of the stage-1 answers.
     em = [data.exact_match(data.answer_span(c.text), data.answer_span(s)) for c, s in zip(completions, columns["solution"])]
     means["faithfulness/em"] = sum(em) / len(em)
     return total, means
 
 
-def train_step(run: Run) -> dict[str, float]:
-    """One Dual-GRPO step on this rank's next batch; returns the step's metrics (averaged over ranks)."""
-    import torch
-    import torch.distributed as dist
+@dataclass
+class Batch:
+    """One micro-batch: `sequences_per_micro_batch` completions (M) packed into one row, and their constants."""
 
-    import data
-    import packing
-    import rollout
-    from grpo_loss import group_advantages, grpo_loss, merge_metrics, summarize_metrics
+    start: int  # index of its first completion in the step's N
+    completions: list  # M rollout.Completion
+    packed: packing.Packed
+    mask: torch.Tensor  # (M, C) trained tokens: completion tokens of the kept sequences
+    advantages: torch.Tensor  # (M,)
+    sampler: torch.Tensor  # (M, C) vLLM's log-probabilities of the sampled tokens
+    ref: torch.Tensor | None = None  # (M, C) π_ref, None when β = 0
+    old: torch.Tensor | None = None  # (M, C) π_old, filled in when μ > 1 (else the first pass's own values)
 
-    cfg, G = run.cfg, run.cfg.num_generations
-    timer = PhaseTimer()
-    step_start = time.perf_counter()
-    rows = [run.rows[i] for i in run.sampler.next_batch()]  # B = prompts_per_step rows
 
-    def render(problem: str) -> list[int]:  # stage-2 prompt: same system prompt and chat template as stage 1
-        text = data.render_prompt(run.tokenizer, problem, **prompt_style(cfg))
-        return run.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_tokens,
-                    seed=cfg.seed, step=run.step, rank=run.rank)
-
-    rollout.reclaim_memory(run.llm, run.sleep)
-    with timer("stage1"):
-        completions = rollout.generate_stage1(run.llm, [r["prompt_ids"] for r in rows], num_generations=G, **sampling)
-    with timer("stage2"):
-        if cfg.dual:
-            stage2 = rollout.generate_stage2(run.llm, [r["problem"] for r in rows], completions, num_generations=G,
-                                             render=render, max_prompt_tokens=cfg.max_prompt_tokens + cfg.max_completion_tokens,
-                                             **sampling)
-        else:
-            stage2 = rollout.Stage2([None] * len(completions), [None] * len(completions), 0)
-    rollout.release_memory(run.llm, run.sleep)
-    if cfg.response_prefix:  # the prefix sits in the prompt, but the rewards judge the whole answer
-        completions = [dataclasses.replace(c, text=cfg.response_prefix + c.text) for c in completions]
-        stage2 = dataclasses.replace(stage2, completions=[
-            None if c is None else dataclasses.replace(c, text=cfg.response_prefix + c.text)
-            for c in stage2.completions])
-
-    with timer("rewards"):
-        timeouts_before = run.grader.timeouts
-        rewards, reward_means = compute_rewards(run, rows, completions, stage2)  # (N,)
-        advantages = group_advantages(rewards, G, eps=cfg.advantage_eps, std=cfg.advantage_std)  # (N,)
-
-    # Micro-batches of prompts_per_device prompts = sequences_per_micro_batch sequences each, each packed into one
-    # row in which every prompt appears once, followed by its completions (packing.py).
-    M = cfg.sequences_per_micro_batch
-    micro = []
+def micro_batches(run: Run, rows: list[dict], completions, advantages: torch.Tensor, kept: torch.Tensor) -> list[Batch]:
+    """Micro-batches of prompts_per_device prompts, each packed with every prompt once (packing.py)."""
+    M, G = run.cfg.sequences_per_micro_batch, run.cfg.num_generations
+    batches = []
     for start in range(0, len(completions), M):
         part = completions[start : start + M]
         prompts = [rows[(start + i) // G]["prompt_ids"] for i in range(len(part))]
-        micro.append((start, packing.pack_micro_batch(prompts, [c.token_ids for c in part], run.device)))
+        packed = packing.pack_micro_batch(prompts, [c.token_ids for c in part], run.device)
+        mask = packed.completion_mask * kept[start : start + M, None].to(packed.completion_mask)  # (M, C)
+        sampler = torch.zeros(mask.shape)  # (M, C)
+        for i, c in enumerate(part):
+            sampler[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+        batches.append(Batch(start, part, packed, mask, advantages[start : start + M].to(run.device),
+                             sampler.to(run.device)))
+    return batches
 
-    ref_logprobs = []
-    with timer("ref_logprobs"), torch.no_grad():
-        for _, packed in micro:
-            ref_logprobs.append(None if run.reference is None else packing.completion_logprobs(run.reference, packed))
 
-    # Global denominators so that the micro-batch losses add up to the loss of the whole batch (grpo_loss.py).
-    # DeepSpeed averages gradients over ranks, so each rank's share is scaled to its own mean.
-    local_tokens = torch.tensor([float(sum(len(c.token_ids) for c in completions))])
-    dist.all_reduce(local_tokens)
-    total_tokens = float(local_tokens) / run.world_size
+@timed("ref_logprobs")
+@torch.no_grad()
+def reference_logprobs(run: Run, batches: list[Batch]) -> None:
+    if run.reference is not None:
+        for batch in batches:
+            batch.ref = packing.completion_logprobs(run.reference, batch.packed)
+
+
+@timed("old_logprobs")
+@torch.no_grad()
+def old_logprobs(run: Run, batches: list[Batch]) -> None:
+    """π_old before the first update. With μ = 1 the first pass's own (detached) values are π_old, for free."""
+    if run.cfg.num_iterations > 1:
+        run.engine.train()  # as in the training passes
+        for batch in batches:
+            batch.old = packing.completion_logprobs(run.engine, batch.packed)
+
+
+def loss_denominators(kept: torch.Tensor, batches: list[Batch]) -> dict[str, float] | None:
+    """Global denominators, so that the micro-batch losses add up to the loss of the whole batch (grpo_loss.py).
+
+    DeepSpeed averages gradients over ranks, so each rank's share is scaled to the mean over ranks. None when no
+    rank kept any sequence (possible with skip_zero_variance_groups or mask_truncated): the step then trains
+    nothing and costs no forward or backward pass.
+    """
+    local = torch.tensor([float(kept.sum()), float(sum(b.mask.sum() for b in batches))], dtype=torch.float64)
+    dist.all_reduce(local)
+    sequences, tokens = (float(v) / dist.get_world_size() for v in local)
+    return {"total_sequences": sequences, "total_tokens": max(tokens, 1.0)} if sequences else None
+
+
+@timed("forward_backward")
+def forward_backward(run: Run, batch: Batch, totals: dict[str, float]) -> tuple[torch.Tensor, dict]:
+    cfg = run.cfg
     run.engine.train()
-    loss_sum, loss_metrics, gaps, nonfinite = 0.0, [], [], False
-    for (start, packed), ref in zip(micro, ref_logprobs):
-        mask = packed.completion_mask  # (M, C)
-        with timer("forward_backward"):
-            logprobs = packing.completion_logprobs(run.engine, packed)  # (M, C)
-            # One update per rollout: the policy that sampled is the policy being trained, so logp_old is the
-            # trainer's own value (ratio 1, gradient of the plain policy-gradient objective), as in the original.
-            old = logprobs.detach()
-            loss, metrics = grpo_loss(logprobs, old, ref, advantages[start : start + len(mask)].to(run.device), mask,
-                                      clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, beta=cfg.beta,
-                                      aggregation=cfg.aggregation, total_sequences=len(completions),
-                                      total_tokens=total_tokens)
-            if os.environ.get("CANOE_FAULT") == "nan_loss":  # test hook: a numerical blow-up
-                loss = loss * float("nan")
-            nonfinite |= not bool(torch.isfinite(loss))
-            # Our loss is already a share of the whole step: DeepSpeed must not divide it by the accumulation steps.
-            run.engine.backward(loss, scale_wrt_gas=False)
-        with timer("optimizer"):
-            run.engine.step()  # applies the update only at the last micro-batch (the accumulation boundary)
-        loss_sum += float(loss.detach())
-        loss_metrics.append(metrics)
-        gaps.append(vllm_gap(completions[start : start + len(mask)], old, mask))
+    logprobs = packing.completion_logprobs(run.engine, batch.packed)  # (M, C)
+    old = logprobs.detach() if batch.old is None else batch.old
+    loss, metrics = grpo_loss(logprobs, old, batch.ref, batch.advantages, batch.mask, clip_eps_low=cfg.clip_eps_low,
+                              clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, aggregation=cfg.aggregation,
+                              sampler_logprobs=batch.sampler, importance_cap=cfg.importance_cap,
+                              ratio_level=cfg.ratio_level, max_completion_tokens=cfg.max_completion_tokens, **totals)
+    # Our loss is already a share of the whole step: DeepSpeed must not divide it by the accumulation steps.
+    run.engine.backward(loss, scale_wrt_gas=False)
+    metrics["vllm_gap"] = vllm_gap(batch, old)
+    return loss.detach(), metrics
 
-    # DeepSpeed skips an update whose gradient norm is not finite; count such steps and stop if they persist.
-    flag = torch.tensor([float(nonfinite)])
+
+@timed("optimizer")
+def optimizer_step(run: Run) -> None:
+    run.engine.step()  # applies the update only at the last micro-batch of a pass (the accumulation boundary)
+
+
+def vllm_gap(batch: Batch, trainer: torch.Tensor) -> float:
+    """Mean |vLLM sampling logprob − trainer logprob (π_old)| over the completion tokens of a micro-batch."""
+    mask = batch.packed.completion_mask  # (M, C), every completion token, kept or not
+    return float(((batch.sampler - trainer.float()).abs() * mask).sum() / mask.sum().clamp(min=1))
+
+
+def skip_or_stop_on_nonfinite(run: Run, losses: list[torch.Tensor]) -> None:
+    """DeepSpeed skips an update whose gradient norm is not finite; count such steps and stop if they persist."""
+    flag = torch.tensor([float(not all(bool(torch.isfinite(loss)) for loss in losses))])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item():
-        if run.engine.was_step_applied():
-            raise RuntimeError("the loss was not finite but DeepSpeed applied the update; the weights are suspect")
-        run.bad_steps_in_a_row += 1
-        run.bad_steps_total += 1
-        if run.bad_steps_in_a_row >= cfg.max_bad_steps:
-            raise RuntimeError(f"{run.bad_steps_in_a_row} steps in a row had a non-finite loss; stopping "
-                               f"(max_bad_steps = {cfg.max_bad_steps}). Lower the learning rate or check the data.")
-    else:
+    if not flag.item():
         run.bad_steps_in_a_row = 0
-
-    with timer("weight_push"):
-        weights = rollout.iter_full_parameters(run.engine.module, cfg.zero_stage)
-        if os.environ.get("CANOE_FAULT") == "corrupt_push":  # test hook: a push that loads the wrong values
-            weights = ((name, 2 * tensor) for name, tensor in weights)
-        push_seconds = rollout.push_weights(run.llm, weights)
-        sync_diff = verify_push(run)
-
-    run.step += 1
-    step_seconds = time.perf_counter() - step_start
-    totals = merge_metrics(loss_metrics)
-    for key, value in totals.items():  # sums add over ranks, extremes take min/max
-        op = {"ratio_min": dist.ReduceOp.MIN, "ratio_max": dist.ReduceOp.MAX}.get(key, dist.ReduceOp.SUM)
-        dist.all_reduce(value, op=op)
-    lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
-    metrics = {
-        **reward_means,
-        "reward/total": float(rewards.mean()),
-        "reward/total_std": float(rewards.std()),
-        "reward/timeouts": run.grader.timeouts - timeouts_before,
-        "loss/loss": loss_sum,
-        **summarize_metrics(totals),
-        "completion/length_mean": float(lengths.mean()),
-        "completion/length_max": float(lengths.max()),
-        "completion/truncated_frac": sum(c.finish_reason == "length" for c in completions) / len(completions),
-        "stage2/regenerated_frac": sum(c is not None for c in stage2.completions) / len(completions),
-        "stage2/too_long": stage2.too_long,
-        "sync/vllm_trainer_gap": float(torch.tensor(gaps).mean()),
-        "sync/push_max_abs_diff": sync_diff,
-        "sync/push_seconds": push_seconds,
-        "train/lr": run.engine.get_lr()[0],
-        "train/grad_norm": float(run.engine.get_global_grad_norm() or 0.0),
-        "train/bad_steps_total": run.bad_steps_total,
-        **{f"time/{name}": seconds for name, seconds in timer.seconds.items()},
-        "time/step": step_seconds,
-        "perf/tokens_per_s": float(lengths.sum()) / step_seconds,
-    }
-    metrics = mean_over_ranks(metrics, keep={"loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min",
-                                             "loss/ratio_max"})
-    metrics["step"] = run.step
-    run.last_rollout = (rows, completions, stage2, rewards)  # for the samples file
-    return metrics
+        return
+    if run.engine.was_step_applied():
+        raise RuntimeError("the loss was not finite but DeepSpeed applied the update; the weights are suspect")
+    run.bad_steps_in_a_row += 1
+    run.bad_steps_total += 1
+    if run.bad_steps_in_a_row >= run.cfg.max_bad_steps:
+        raise RuntimeError(f"{run.bad_steps_in_a_row} steps in a row had a non-finite loss; stopping "
+                           f"(max_bad_steps = {run.cfg.max_bad_steps}). Lower the learning rate or check the data.")
 
 
-def vllm_gap(completions, trainer_logprobs, mask) -> float:
-    """Mean |vLLM sampling logprob − trainer logprob| over the sampled tokens of a micro-batch."""
-    import torch
-
-    vllm = torch.zeros_like(trainer_logprobs)
-    for i, c in enumerate(completions):
-        vllm[i, : len(c.logprobs)] = torch.tensor(c.logprobs, dtype=vllm.dtype)
-    return float(((vllm - trainer_logprobs.float()).abs() * mask).sum() / mask.sum().clamp(min=1))
-
-
-def verify_push(run: Run) -> float:
-    """vLLM's and the trainer's logprobs of the probe completion must agree; raises WeightSyncError otherwise."""
-    import torch
-
-    import packing
-    import rollout
-
+@timed("weight_push")
+def push_and_verify(run: Run) -> tuple[float, float]:
+    """Push the weights into vLLM, then compare vLLM's and the trainer's logprobs of the probe completion; raises
+    rollout.WeightSyncError when they disagree. Returns (push seconds, max |difference|)."""
+    push_seconds = rollout.push_weights(run.llm, rollout.iter_full_parameters(run.engine.module, run.cfg.zero_stage))
     prompt, completion = run.probe
     run.engine.eval()
     with torch.no_grad():
         trainer = packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])], run.device))[0]
     run.engine.train()
-    rollout.reclaim_memory(run.llm, run.sleep)
-    vllm = rollout.vllm_token_logprobs(run.llm, prompt, completion)
-    rollout.release_memory(run.llm, run.sleep)
-    return rollout.check_sync(vllm, trainer, run.cfg.sync_tolerance)
-
-
-def mean_over_ranks(metrics: dict[str, float], keep: set[str]) -> dict[str, float]:
-    """Average every metric over ranks, except those in `keep` (already global)."""
-    import torch
-    import torch.distributed as dist
-
-    names = sorted(k for k in metrics if k not in keep)
-    values = torch.tensor([float(metrics[k]) for k in names], dtype=torch.float64)
-    dist.all_reduce(values)
-    return {**metrics, **{k: float(v) / dist.get_world_size() for k, v in zip(names, values)}}
+    with vllm_awake(run):
+        vllm = rollout.vllm_token_logprobs(run.llm, prompt, completion)
+    return push_seconds, rollout.check_sync(vllm, trainer, run.cfg.sync_tolerance)
 
 
 # ==============================================================================================================
-# Logging and the main loop
+# The loop
 # ==============================================================================================================
 
 
-class RunLog:
-    """Rank 0's outputs: metrics.jsonl every step, samples.jsonl every N steps, TensorBoard and wandb if enabled."""
-
-    def __init__(self, cfg: Config, out: Path, enabled: bool) -> None:
-        self.enabled, self.out = enabled, out
-        self.tensorboard = self.wandb = None
-        if not enabled:
-            return
-        if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tensorboard = SummaryWriter(str(out / "tensorboard"))
-        if cfg.wandb_project:
-            try:
-                import wandb
-            except ImportError:
-                raise SystemExit("error: wandb_project is set but wandb is not installed (pip install wandb)") from None
-            self.wandb = wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg), dir=str(out))
-
-    def metrics(self, metrics: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        step = int(metrics["step"])
-        if self.tensorboard:
-            for key, value in metrics.items():
-                self.tensorboard.add_scalar(key, value, step)
-            self.tensorboard.flush()
-        if self.wandb:
-            self.wandb.log(metrics, step=step)
-
-    def samples(self, step: int, rows, completions, stage2, rewards, G: int) -> None:
-        if not self.enabled:
-            return
-        with open(self.out / "samples.jsonl", "a") as f:
-            for i, c in enumerate(completions):
-                row = rows[i // G]
-                f.write(json.dumps({
-                    "step": step, "problem": row["problem"], "solution": row["solution"], "completion": c.text,
-                    "stage2_problem": stage2.problems[i],
-                    "stage2_completion": None if stage2.completions[i] is None else stage2.completions[i].text,
-                    "reward": float(rewards[i]),
-                }) + "\n")
-
-    def close(self) -> None:
-        if self.tensorboard:
-            self.tensorboard.close()
-        if self.wandb:
-            self.wandb.finish()
+def run_step(run: Run) -> dict[str, float]:
+    """One training step, timed; returns its metrics (averaged over ranks)."""
+    run.times.clear()
+    start = time.perf_counter()
+    run.last_step = train_step(run)
+    return step_metrics(run, run.last_step, seconds=time.perf_counter() - start)
 
 
 def train(cfg: Config, resume: bool) -> None:
-    from tqdm import tqdm
-
-    import checkpoint
-
     run = setup(cfg, resume=resume)
     log = RunLog(cfg, run.out, enabled=run.rank == 0)
     print0(f"training {cfg.model} for {run.total_steps} steps on {run.world_size} rank(s): "
            f"{cfg.prompts_per_step} prompts × {cfg.num_generations} samples per rank per step")
     bar = tqdm(total=run.total_steps, initial=run.step, disable=run.rank != 0, desc="steps", dynamic_ncols=True)
+    deadline = time.monotonic() + 60 * cfg.max_minutes
     while run.step < run.total_steps:
-        metrics = train_step(run)
+        metrics = run_step(run)
+        if cfg.max_minutes and out_of_time(deadline):  # the time budget is spent: this step is the last
+            run.total_steps = run.step
         log.metrics(metrics)
         if cfg.sample_every and run.step % cfg.sample_every == 0:
-            log.samples(run.step, *run.last_rollout, G=cfg.num_generations)
+            log.samples(run.step, run.last_step, G=cfg.num_generations)
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward/total']:.2f}", kl=f"{metrics['loss/kl']:.4f}",
                         len=f"{metrics['completion/length_mean']:.0f}", s=f"{metrics['time/step']:.1f}")
@@ -816,11 +578,17 @@ def train(cfg: Config, resume: bool) -> None:
             checkpoint.save_checkpoint(run.out, run.step, engine=run.engine, tokenizer=run.tokenizer,
                                        zero_stage=cfg.zero_stage, trainer_state=state, rank=run.rank,
                                        keep=cfg.keep_checkpoints)
-        checkpoint.fault_point(f"after_step_{run.step}")
     bar.close()
     log.close()
     run.grader.close()
     print0(f"done: {run.step} steps; policy in {checkpoint.latest_checkpoint(run.out) / 'policy'}")
+
+
+def out_of_time(deadline: float) -> bool:
+    """Rank 0's clock decides, so that every rank stops after the same step."""
+    flag = torch.tensor([float(time.monotonic() >= deadline)])
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -837,17 +605,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.describe_config:
         print(describe_config())
         return
-    from data import DataError
-
     try:
         cfg = load_config(args.config)
         if args.eval:
-            import evaluate
-
             evaluate.main(cfg, model=args.model, eval_file=args.eval_file, limit=args.limit)
         else:
             train(cfg, resume=args.resume)
-    except (ConfigError, DataError) as error:  # the user's input, not a bug: the message says what to fix
+    except (ConfigError, data.DataError) as error:  # the user's input, not a bug: the message says what to fix
         raise SystemExit(f"error: {error}") from None
 
 

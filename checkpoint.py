@@ -72,21 +72,26 @@ def save_checkpoint(output_dir: str | Path, step: int, *, engine, tokenizer, zer
     torch.save(rng_state(), staging / "rng" / f"rank-{rank}.pt")
     if rank == 0:
         (staging / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
-    fault_point(f"mid_checkpoint_{step}")
     _barrier()
     if rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(staging, final)
-        pointer_tmp = root / "latest.tmp"
-        pointer_tmp.write_text(final.name)
-        os.replace(pointer_tmp, root / "latest")
-        complete = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
-        for old in complete[:-keep]:
-            shutil.rmtree(old)
-        for stale in root.glob("step-*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
+        publish(staging, final, keep)
     _barrier()
     return final
+
+
+def publish(staging: Path, final: Path, keep: int) -> None:
+    """Make a fully written checkpoint the latest: rename it, move the pointer, drop the oldest ones (rank 0)."""
+    root = final.parent
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+    pointer_tmp = root / "latest.tmp"
+    pointer_tmp.write_text(final.name)
+    os.replace(pointer_tmp, root / "latest")
+    complete = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in complete[:-keep]:
+        shutil.rmtree(old)
+    for stale in root.glob("step-*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def load_checkpoint(path: Path, *, engine, rank: int) -> dict:
@@ -113,9 +118,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-
-
-def fault_point(name: str) -> None:
-    """Test hook: `CANOE_FAULT=<name>` kills the process here, as a crash or a pre-emption would."""
-    if os.environ.get("CANOE_FAULT") == name:
-        os._exit(17)

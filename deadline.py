@@ -1,6 +1,6 @@
 """Run small pure functions in persistent worker processes, each call under a hard wall-clock deadline.
 
-Why this exists (SPEC section 3, last bullet): math-verify can hang or take seconds on hostile LaTeX, and its own
+Why this exists (docs/DESIGN.md, "Rewards"): math-verify can hang or take seconds on hostile LaTeX, and its own
 timeout is `signal.alarm`, which only works in the main thread of the main interpreter. The trainer calls the
 rewards from wherever it likes, so the deadline here works from any thread: the call runs in another process, and
 a process that overruns is killed (SIGKILL reaches it even inside a long C-level big-integer power).
@@ -9,8 +9,8 @@ How:
 - Workers are started with `subprocess.Popen([sys.executable, "-c", ...])`, i.e. fork+exec of a fresh interpreter.
   Nothing is ever forked from the trainer's torch/vLLM/DeepSpeed threads without an immediate exec. We do not use
   multiprocessing's spawn/forkserver contexts: both re-import the parent's `__main__` in the child, which for the
-  trainer (`canoe.py`) would import torch into every worker. A worker imports only this file and the job module
-  (for the rewards: `grader`, i.e. sympy and math-verify).
+  trainer (`canoe.py`) would import torch into every worker. A worker imports only this file and the job modules
+  (for the rewards: `grader` and `r1_grader`, i.e. sympy and math-verify).
 - Start-up (~1 s, mostly importing sympy) is paid once: workers persist across calls and are replaced only when
   one is killed or dies.
 - Each worker gets one call at a time, so an overrun is attributable to exactly one call; its deadline runs from
@@ -39,6 +39,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -76,10 +77,10 @@ def _write_all(fd: int, data: bytes) -> None:
 class _Worker:
     """One worker process as the parent sees it."""
 
-    def __init__(self, module: str) -> None:
+    def __init__(self, modules: tuple[str, ...]) -> None:
         code = (
             f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-            f"import deadline; deadline.worker_main({module!r})"
+            f"import deadline; deadline.worker_main({modules!r})"
         )
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.fd_out = self.proc.stdout.fileno()  # type: ignore[union-attr]  # parent reads results here
@@ -142,19 +143,21 @@ def _shutdown(workers: list[_Worker]) -> None:
 
 
 class DeadlinePool:
-    """A persistent pool of worker processes running `module.WORKER_JOBS[name](*args)` under a deadline.
+    """A persistent pool of worker processes running `WORKER_JOBS[name](*args)` under a deadline.
 
-    The job module may define `warm_up()`, run once per worker before it reports ready.
+    `modules` names the job module, or several: each worker imports them in order and merges their
+    `WORKER_JOBS` dicts. A job module may define `warm_up()`, run once per worker before it reports ready.
 
     `run` may be called from any thread; calls from several threads are serialised.
     """
 
-    def __init__(self, module: str, workers: int = 2, deadline_s: float = 1.0, startup_timeout_s: float = 120.0):
+    def __init__(self, modules: str | Sequence[str], workers: int = 2, deadline_s: float = 1.0,
+                 startup_timeout_s: float = 120.0):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if deadline_s <= 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
-        self.module = module
+        self.modules = (modules,) if isinstance(modules, str) else tuple(modules)
         self.deadline_s = deadline_s
         self.startup_timeout_s = startup_timeout_s
         self._size = workers
@@ -169,7 +172,7 @@ class DeadlinePool:
             self._start_worker()  # they import in parallel, in the background, while the caller goes on
 
     def _start_worker(self) -> None:
-        worker = _Worker(self.module)
+        worker = _Worker(self.modules)
         self._workers.append(worker)
         self._selector.register(worker.fd_out, selectors.EVENT_READ, worker)
 
@@ -193,7 +196,7 @@ class DeadlinePool:
         self._start_failures = 0  # the next run() tries afresh
         raise WorkerStartError(
             f"{_MAX_START_FAILURES} worker processes in a row failed to start ({why}); see their stderr above. "
-            f"Is `{self.module}` importable by {sys.executable}?"
+            f"Is `{', '.join(self.modules)}` importable by {sys.executable}?"
         )
 
     def run(self, calls: list[tuple[str, tuple]]) -> list[Outcome]:
@@ -316,18 +319,20 @@ def _test_modules() -> list[str]:
     return sorted(sys.modules)
 
 
-def worker_main(module: str) -> None:
-    """Entry point of a worker process: answer calls from stdin until EOF."""
+def worker_main(modules: Sequence[str]) -> None:
+    """Entry point of a worker process: import the job modules, then answer calls from stdin until EOF."""
     fd_in, fd_out = os.dup(0), os.dup(1)
     os.dup2(2, 1)  # anything printed by the job code goes to stderr, never into the result channel
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
 
-    job_module = importlib.import_module(module)
-    if hasattr(job_module, "warm_up"):
-        job_module.warm_up()  # first-use costs are paid before the first deadline starts
-    jobs: dict[str, Callable[..., Any]] = dict(getattr(job_module, "WORKER_JOBS", {}))
+    jobs: dict[str, Callable[..., Any]] = {}
+    for module in modules:
+        job_module = importlib.import_module(module)
+        if hasattr(job_module, "warm_up"):
+            job_module.warm_up()  # first-use costs are paid before the first deadline starts
+        jobs.update(getattr(job_module, "WORKER_JOBS", {}))
     jobs.update({"_sleep": _test_sleep, "_crash": _test_crash, "_modules": _test_modules})
     _write_all(fd_out, _frame(("ready", os.getpid())))
     while True:

@@ -14,12 +14,19 @@ OUTPUT_DIR/eval/<model>-<data>.json, with every prediction in a JSONL beside it.
 
 from __future__ import annotations
 
+import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
+
 import json
 import os
 from collections import defaultdict
 from pathlib import Path
 
+from transformers import AutoTokenizer
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+
 import data
+import rollout
 from rewards import format_reward
 
 
@@ -37,27 +44,19 @@ def score(rows: list[dict], outputs: list[str]) -> dict:
 
 
 def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0) -> dict:
-    from transformers import AutoTokenizer
-
-    import rollout
-    from canoe import prompt_style, resolve_dtype, single_process_defaults
-
     model = model or cfg.model
     eval_file = eval_file or cfg.eval_file
     if not (Path(model) / "config.json").exists():
         raise SystemExit(f"error: model path {model!r} is not a Hugging Face model folder")
-    single_process_defaults()
+    runtime.single_process_defaults()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.vllm_cpu_kv_cache_gib))))
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     rows = data.load_dataset(eval_file)[: limit or None]
-    rows, report = data.prepare_prompts(tokenizer, rows, cfg.max_prompt_tokens, cfg.on_long_prompt, **prompt_style(cfg))
+    rows, report = data.prepare_prompts(tokenizer, rows, cfg.max_prompt_tokens, cfg.on_long_prompt, **cfg.prompt_style())
     print(f"eval data: {eval_file}: {report.summary()}")
 
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    dtype = str(resolve_dtype(cfg)).removeprefix("torch.")
+    dtype = str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch.")
     llm = rollout.make_engine(model, dtype=dtype, seed=cfg.seed, max_model_len=cfg.max_prompt_tokens + cfg.max_completion_tokens,
                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=False)
     greedy = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_completion_tokens)

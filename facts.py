@@ -1,4 +1,4 @@
-"""Fact tables for the synthetic faithfulness data (`python data.py synth`).
+"""Fact tables for the synthetic faithfulness data (`python synth.py`).
 
 Written for this project. Two kinds of facts:
 

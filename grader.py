@@ -1,37 +1,31 @@
-r"""When are two answers the same? Answer equivalence for the rewards, graded under a hard deadline.
+r"""When are two answers the same? Answer equivalence for CANOE's accuracy reward, graded under a hard deadline.
 
-Three parts, one concern (deciding equivalence); `rewards.py` turns the verdicts into rewards.
+Two parts, one concern (deciding equivalence); `rewards.py` turns the verdicts into rewards.
 
-1. CANOE accuracy (SPEC section 3, `accuracy_reward`; seed 000): two answer spans are equivalent if they are the
-   same string, or if they are mathematically equal, decided by math-verify as `verify(gold, pred)`, gold first.
+1. CANOE accuracy (the original's `accuracy_reward`, `code/train/src/open_r1/grpo.py`; docs/DESIGN.md,
+   "Rewards"): two answer spans are equivalent if they are the same string, or if they are mathematically equal,
+   decided by math-verify as `verify(gold, pred)`, gold first.
    Symbolic checking must never make two different texts equal, so math-verify only sees spans that read as
    math; everything else is decided by exact string match. `reads_as_text` holds the rules, each for a failure
-   seen with math-verify 0.9.0 (shared/ENVIRONMENT.md and our own trials): it turns letter runs into products
-   (`no` == `on`, `ab` == `ba`), lower-cases symbols (`A+1` == `a+1`), adds numbers split by a space (`3 4` == 7),
-   reads dates and ranges as subtraction (`1914-1918` == `1939-1943`), times and scores as division
+   seen with math-verify 0.9.0 in our own trials (docs/DESIGN.md, "Environment notes"): it turns letter runs into
+   products (`no` == `on`, `ab` == `ba`), lower-cases symbols (`A+1` == `a+1`), adds numbers split by a space
+   (`3 4` == 7), reads dates and ranges as subtraction (`1914-1918` == `1939-1943`), times and scores as division
    (`10:30` == 1/3), drops primes and quotes, keeps the argument of commands it does not know (`\mbox{5}` == 5),
    and spends seconds to hours on power towers and deep nesting. Math-looking spans are parsed whole (LaTeX, with
    or without `$`): a span that does not parse as one expression never passes (`2\sqrt{2}` vs `2`).
    Plain numbers and fractions, and sets and intervals of them, are compared exactly in the caller's process
    (`settle_locally`), without math-verify; that is where most of the speed comes from, and it is stricter than
    math-verify, which rounds floats to 6 decimal places.
-   Deliberate difference from the original CANOE code: it parsed the whole completion (a number inside
+   Deliberate differences from the original CANOE code: it parsed the whole completion (a number inside
    `<think>` could score) and called `verify(pred, gold)`; we grade only the answer spans and pass gold first.
+   It also gave every completion to math-verify, with math-verify's default (signal-based) timeouts; we give it
+   only spans that read as math, under the hard deadline of part 2.
 
-2. R1-Zero grading (SPEC section 3, `r1_zero_reward_fn` step 5; seed 002), written from the description:
-   MATH-style normalisation (`normalize_math_answer`) compared as strings, then exact sympy equivalence built by
-   our own small parser (`sympy_equivalent`: no `eval`, no numeric tolerance, decimals are exact rationals, so
-   integers never equal non-integers; tuples and intervals compare element-wise with matching brackets), then
-   with fast=False math-verify (`r1_latex_equal`). Sympy and math-verify run in the workers, under the deadline.
-   Deliberate differences from the well-known implementation, which the worked cases mark as wrong: there
-   `\sqrt[3]{2}` equals `\sqrt{2}` (the root's index is ignored) and `\frac{1+3}{2}` equals 2.5 (the brackets
-   are lost: 1+3/2); our parser keeps both. `\fbox` is read as a box like `\boxed` (worked case `fbox`), while
-   `\mbox` is text, not math (worked case `mbox`).
-
-3. `MathGrader`: the parallel, hard-deadline front end the trainer uses. The cheap text/math decision runs in the
-   caller's process; only math-looking pairs travel to worker processes (`deadline.DeadlinePool`), which import
-   sympy and math-verify but never torch. A pair that overruns the deadline or crashes its worker falls back to
-   exact string match and is counted in `MathGrader.timeouts`.
+2. `MathGrader`: the parallel, hard-deadline front end the trainer uses, for this grader and for the R1-Zero one
+   (`r1_grader.py`). The cheap text/math decision runs in the caller's process; only math-looking pairs travel
+   to worker processes (`deadline.DeadlinePool`), which import the modules of `WORKER_MODULES` (sympy and
+   math-verify) but never torch. A pair that overruns the deadline or crashes its worker falls back to exact
+   string match and is counted in `MathGrader.timeouts`.
 
 Math-verify's own signal-based timeouts are switched off (`parsing_timeout=None`, `timeout_seconds=None`):
 they fail outside the main thread, and the worker deadline replaces them.
@@ -46,9 +40,8 @@ import re
 import threading
 from fractions import Fraction
 
-import sympy
 from latex2sympy2_extended.latex2sympy2 import NormalizationConfig
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from math_verify import LatexExtractionConfig, parse, verify
 
 from deadline import DeadlinePool
 
@@ -93,12 +86,12 @@ def _strip_outer(span: str) -> str:
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if len(span) >= len(left) + len(right) and span.startswith(left) and span.endswith(right):
             return span[len(left) : len(span) - len(right)].strip()
-    if span.startswith("\\boxed{") and _matching_brace(span, len("\\boxed")) == len(span) - 1:
+    if span.startswith("\\boxed{") and matching_brace(span, len("\\boxed")) == len(span) - 1:
         return span[len("\\boxed{") : -1].strip()
     return span
 
 
-def _matching_brace(text: str, open_at: int) -> int | None:
+def matching_brace(text: str, open_at: int) -> int | None:
     """Index of the `}` closing the `{` at `open_at`, or None if unbalanced."""
     depth = 0
     for i in range(open_at, len(text)):
@@ -117,6 +110,16 @@ def _without_commands(span: str) -> str:
     return _COMMAND.sub("#", _MATRIX_ENV.sub("#", span))
 
 
+def only_known_commands(span: str) -> bool:
+    """Whether every LaTeX command in `span` is one of `_MATH_COMMANDS` (matrix environments allowed)."""
+    return all(name in _MATH_COMMANDS for name in _COMMAND.findall(_MATRIX_ENV.sub(" ", span)))
+
+
+def has_word(span: str) -> bool:
+    """Whether `span`, LaTeX command names aside, has two letters in a row: a word, never a product of symbols."""
+    return bool(_LETTER_RUN.search(_without_commands(span)))
+
+
 def prepare_span(span: str) -> str:
     """The form of an answer span that math-verify would see (outer delimiters removed)."""
     return _strip_outer(span.strip())
@@ -130,7 +133,7 @@ def reads_as_text(span: str) -> bool:
     """
     if len(span) > MAX_MATH_CHARS or not _MATH_SIGN.search(span):
         return True  # plainly words (or empty): no digit, no LaTeX, no operator
-    if any(name not in _MATH_COMMANDS for name in _COMMAND.findall(_MATRIX_ENV.sub(" ", span))):
+    if not only_known_commands(span):
         return True
     bare = _without_commands(span)
     if _LETTER_RUN.search(bare) or _TEXT_PATTERNS.search(bare):
@@ -253,346 +256,22 @@ def canoe_math_equal(gold: str, pred: str) -> bool:
     return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
-# ============================================================================ 2. R1-Zero: normalise, then sympy
+# ============================================================================ 2. MathGrader: parallel, deadline
 
-MAX_R1_CHARS = 1000  # longer answers are compared as stripped strings: normalising them is not linear-time
-
-# Unit words removed after a number (seed 002: "5 apples" is 5). Dollars are deliberately absent (worked case
-# `units_dollars`): `\$` is the currency sign we drop.
-_UNIT_WORDS = (
-    "sq m|square meters?|square feet|cm|mm|km|m|meters?|metres?|centimeters?|kilometers?|inch(?:es)?|feet|foot|ft|"
-    "yards?|miles?|mph|kg|g|grams?|kilograms?|pounds?|lbs?|liters?|litres?|ml|seconds?|sec|s|minutes?|mins?|"
-    "hours?|hrs?|days?|weeks?|months?|years?|degrees?|deg|units?|apples?|people|students?|cents?"
-)
-_UNITS_AT_END = re.compile(rf"(?<=[\d}}])\s*(?:{_UNIT_WORDS})\s*\.?$")
-_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm)\s*\{([^{}]*)\}")  # not \mbox (worked case `mbox`)
-_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|°")
-_PERCENT = re.compile(r"\\%|%|\s*\bpercent\b")
-_LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![A-Za-z])")
-_SPACING = re.compile(r"(?<!\\)\\[,;:! ]|\\quad|\\qquad")  # not the `\\` row break of a matrix
-_VARIABLE_PREFIX = re.compile(r"^[A-Za-z]\w{0,2}\s*=(?!=)\s*")  # `x = 5`, `xy = 5`
-_MIXED_NUMBER = re.compile(r"^(-?)(\d+)\s+(\d+)\s*/\s*(\d+)$")  # `7 3/4`
-_THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
-_FRAC_SHORT = re.compile(r"\\frac\s*(\d)\s*(\d)|\\frac\s*(\d)\s*(?=\{)|(\\frac\{[^{}]*\})\s*(\d)")
-_SQRT_SHORT = re.compile(r"\\sqrt\s*([0-9a-zA-Z])")
-_LEADING_DOT = re.compile(r"(?<![\d}])\.(\d)")
-_LETTER_CHOICE = re.compile(r"^\(([a-z])\)$")
-
-
-def _short_frac(match: re.Match) -> str:
-    if match.group(1):
-        return f"\\frac{{{match.group(1)}}}{{{match.group(2)}}}"
-    if match.group(3):
-        return f"\\frac{{{match.group(3)}}}"
-    return f"{match.group(4)}{{{match.group(5)}}}"
-
-
-def normalize_math_answer(answer: str) -> str:
-    """MATH-style normal form of an answer (seed 002, step 5). The rules, in order, each with a worked case:
-
-    >>> [normalize_math_answer(s) for s in ["\\\\text{ 12 inches}", "\\\\dfrac12", "x = 1,000"]]
-    ['12', '\\\\frac{1}{2}', '1000']
-    >>> normalize_math_answer("\\\\left( 4, 5 \\\\right)")
-    '(4,5)'
-    """
-    text = answer.strip().replace("\n", " ")
-    text = _TEXT_WRAPPER.sub(r"\1", text)  # `\text{5}` -> 5, `12\text{ inches}` -> 12 inches
-    text = text.replace("\\!", "")
-    text = re.sub(r"\\[dt]frac", r"\\frac", text)
-    text = _LEFT_RIGHT.sub("", text)
-    text = text.replace("{bmatrix}", "{pmatrix}")  # the same matrix in other brackets
-    text = re.sub(r"\\geq(?![A-Za-z])", r"\\ge", re.sub(r"\\leq(?![A-Za-z])", r"\\le", text))
-    text = re.sub(r"\\neq(?![A-Za-z])", r"\\ne", text)
-    text = _DEGREES.sub("", text)  # `90^\circ` -> 90
-    text = text.replace("\\$", "").replace("$", "")
-    text = _PERCENT.sub("", text)  # `50\%`, `50 percent` -> 50
-    text = _SPACING.sub(" ", text).strip()
-    text = _VARIABLE_PREFIX.sub("", text)  # `x = 5` -> 5
-    text = _UNITS_AT_END.sub("", text).strip()  # `5 meters`, `5 apples.`, `5 sq m` -> 5
-    text = _MIXED_NUMBER.sub(r"(\1(\2+\3/\4))", text)  # `7 3/4` -> (7+3/4), before spaces go
-    text = text.replace("\\{", "").replace("\\}", "")  # `\{1,2\}` -> 1,2: a set reads as its elements
-    text = re.sub(r"\s+", "", text)
-    text = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), text)  # `1,000.5` -> 1000.5
-    text = _FRAC_SHORT.sub(_short_frac, text)  # `\frac12` -> \frac{1}{2}
-    text = _SQRT_SHORT.sub(r"\\sqrt{\1}", text)  # `\sqrt2` -> \sqrt{2}
-    text = _LEADING_DOT.sub(r"0.\1", text)  # `.5` -> 0.5
-    text = text.rstrip(".").lower()
-    return _LETTER_CHOICE.sub(r"\1", text)  # `(A)` -> a
-
-
-class _Unparsable(Exception):
-    """The normalised answer is not something our sympy parser accepts; it then equals only itself."""
-
-
-_TOKEN = re.compile(r"\d+\.?\d*|\.\d+|\\[a-z]+|[a-z]|[-+*/^(){}\[\]]")
-_MAX_DEPTH = 40
-_MAX_POWER_DIGITS = 10_000  # numeric powers with more digits than this are refused, not computed
-_MAX_SYMBOLIC_EXPONENT = 32  # (x+1)^n is expanded when compared; keep n small
-
-
-class _SympyParser:
-    """Recursive descent over a normalised answer, building exact sympy values (no `eval`, no floats).
-
-    Grammar: sum := product (('+'|'-') product)* ; product := signed ((op | implicit) signed)* ;
-    signed := ('-'|'+') signed | power ; power := atom ('^' atom)? ; atom := number | letter | \\pi | \\infty
-    | (sum) | {sum} | \\frac{..}{..} | \\sqrt[n]{..}. Braces are kept, so \\frac{1+3}{2} is 2, never 2.5.
-    """
-
-    def __init__(self, text: str):
-        self.tokens = _TOKEN.findall(text)
-        if "".join(self.tokens) != text:
-            raise _Unparsable(text)  # a character we do not model (`=`, `\ge`, `!`, ...)
-        self.pos = 0
-        self.depth = 0
-
-    def parse(self) -> sympy.Expr:
-        value = self.sum()
-        if self.pos != len(self.tokens):
-            raise _Unparsable("trailing input")
-        return value
-
-    def peek(self) -> str | None:
-        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
-
-    def take(self, expected: str | None = None) -> str:
-        token = self.peek()
-        if token is None or (expected is not None and token != expected):
-            raise _Unparsable(f"expected {expected!r}, got {token!r}")
-        self.pos += 1
-        return token
-
-    def sum(self) -> sympy.Expr:
-        self.depth += 1
-        if self.depth > _MAX_DEPTH:
-            raise _Unparsable("nested too deeply")
-        value = self.product()
-        while self.peek() in ("+", "-"):
-            value = value + self.product() if self.take() == "+" else value - self.product()
-        self.depth -= 1
-        return value
-
-    def product(self) -> sympy.Expr:
-        value = self.signed()
-        while True:
-            token = self.peek()
-            if token in ("*", "\\cdot", "\\times"):
-                self.take()
-                value = value * self.signed()
-            elif token in ("/", "\\div"):
-                self.take()
-                value = value / self.signed()
-            elif token is not None and token not in ("+", "-", ")", "}", "]", "^"):
-                value = value * self.signed()  # implicit multiplication: 2x, 2\sqrt{2}
-            else:
-                return value
-
-    def signed(self) -> sympy.Expr:
-        if self.peek() in ("-", "+"):
-            return -self.signed() if self.take() == "-" else self.signed()
-        return self.power()
-
-    def power(self) -> sympy.Expr:
-        base = self.atom()
-        if self.peek() != "^":
-            return base
-        self.take()
-        exponent = self.atom()
-        if exponent.is_number and base.is_number:
-            if not exponent.is_Rational:
-                raise _Unparsable("irrational exponent")
-            # digits of the result ~ |exponent| x digits of the base; irrational bases only to small powers
-            base_digits = max(abs(base.p).bit_length(), base.q.bit_length()) * 0.31 if base.is_Rational else 100
-            if abs(exponent) * base_digits > _MAX_POWER_DIGITS:
-                raise _Unparsable("power too large to compute")
-        elif not (exponent.is_Integer and abs(exponent) <= _MAX_SYMBOLIC_EXPONENT):
-            raise _Unparsable("symbolic power too large to expand")
-        return base**exponent
-
-    def group(self) -> sympy.Expr:
-        if self.peek() == "{":
-            self.take()
-            value = self.sum()
-            self.take("}")
-            return value
-        return self.atom()
-
-    def atom(self) -> sympy.Expr:
-        token = self.take()
-        if token[0].isdigit() or token[0] == ".":
-            return sympy.Rational(token)  # exact: 0.333 is 333/1000, never 1/3
-        if len(token) == 1 and token.isalpha():
-            return sympy.Symbol(token)
-        if token in ("(", "{", "["):
-            value = self.sum()
-            self.take({"(": ")", "{": "}", "[": "]"}[token])
-            return value
-        if token == "\\pi":
-            return sympy.pi
-        if token == "\\infty":
-            return sympy.oo
-        if token == "\\frac":
-            numerator = self.group()
-            return numerator / self.group()
-        if token == "\\sqrt":
-            index: sympy.Expr = sympy.Integer(2)
-            if self.peek() == "[":
-                self.take()
-                index = self.sum()
-                self.take("]")
-            return sympy.root(self.group(), index)
-        raise _Unparsable(f"unsupported token {token!r}")
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split at commas outside brackets; `(1,2),(3,4)` -> ['(1,2)', '(3,4)']."""
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return parts
-
-
-def _enclosed(text: str) -> bool:
-    """True if the bracket opening `text` closes at its last character: `(4,5]` yes, `(1,2),(3,4)` no."""
-    depth = 0
-    for i, char in enumerate(text):
-        depth += (char in "([{") - (char in ")]}")
-        if depth == 0:
-            return i == len(text) - 1
-    return False
-
-
-def _as_sequence(text: str) -> tuple[str, list[str]]:
-    """(bracket pair, elements) for tuples and intervals like `(4,5]`; ('', [text]) for a single value."""
-    if len(text) > 2 and text[0] in "([" and text[-1] in ")]" and _enclosed(text):
-        inner = _split_top_level(text[1:-1])
-        if len(inner) > 1:
-            return text[0] + text[-1], inner
-    return "", _split_top_level(text)
-
-
-def _sympy_value_equal(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    left, right = _SympyParser(a).parse(), _SympyParser(b).parse()
-    if left.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) or right.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan):
-        return left == right  # oo - oo is nan: compare the structure instead
-    return sympy.expand(left - right) == 0
-
-
-def sympy_equivalent(a: str, b: str) -> bool:
-    """Exact sympy equivalence of two normalised answers; tuples/intervals element-wise, brackets must match.
-
-    >>> sympy_equivalent("0.5", "\\\\frac{2}{4}"), sympy_equivalent("\\\\sqrt[3]{2}", "\\\\sqrt{2}")
-    (True, False)
-    """
-    if not a or not b or len(a) > MAX_R1_CHARS or len(b) > MAX_R1_CHARS:
-        return False
-    if _LETTER_RUN.search(_without_commands(a)) or _LETTER_RUN.search(_without_commands(b)):
-        return False  # words, not products of symbols
-    brackets_a, items_a = _as_sequence(a)
-    brackets_b, items_b = _as_sequence(b)
-    if brackets_a != brackets_b or len(items_a) != len(items_b):
-        return False
-    try:
-        return all(_sympy_value_equal(x, y) for x, y in zip(items_a, items_b))
-    except _Unparsable:
-        return False  # other exceptions are bugs: in a worker they become MathGrader.errors, counted and logged
-
-
-_LATEX_THEN_EXPRESSION = [LatexExtractionConfig(), ExprExtractionConfig()]  # math-verify's defaults
-
-
-def r1_latex_equal(gold: str, pred: str) -> bool:
-    """Worker job (r1_zero with fast=False): math-verify's own reading of each answer, LaTeX first.
-
-    Each side is wrapped in `$...$` unless it has one; math-verify then tries LaTeX, and failing that the last
-    number-like expression (so `She sold 72 clips.` reads as 72, while `5 dollars` parses as a product, not 5).
-    """
-    def read(text: str) -> list:
-        text = text if "$" in text else f"${text}$"
-        return parse(
-            text,
-            extraction_config=_LATEX_THEN_EXPRESSION,
-            fallback_mode="no_fallback",
-            parsing_timeout=None,  # type: ignore[arg-type]  # the worker deadline replaces the signal timeout
-        )
-
-    gold_parsed, pred_parsed = read(gold), read(pred)
-    return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None))
-
-
-def r1_latex_candidate(text: str) -> bool:
-    """Whether an answer may go to math-verify in r1_latex_equal: short, and only LaTeX commands we know."""
-    return 0 < len(text) <= MAX_R1_CHARS and all(
-        name in _MATH_COMMANDS for name in _COMMAND.findall(_MATRIX_ENV.sub(" ", text))
-    )
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` or `\\fbox{...}`; None if it has no balanced braces.
-
-    >>> last_boxed("\\\\boxed{3} or \\\\boxed{\\\\frac{1}{2}}"), last_boxed("\\\\boxed{123")
-    ('\\\\frac{1}{2}', None)
-    """
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    brace = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
-    while brace < len(text) and text[brace] == " ":
-        brace += 1
-    if brace >= len(text) or text[brace] != "{":
-        return None  # `\boxed5`: no braces is a format error (SPEC step 3)
-    end = _matching_brace(text, brace)
-    return None if end is None else text[brace + 1 : end]
-
-
-def r1_worker_equal(gold: str, pred: str, fast: bool) -> bool:
-    """Worker job for r1_grade: exact sympy equivalence, then (fast=False) math-verify's reading."""
-    if sympy_equivalent(normalize_math_answer(pred), normalize_math_answer(gold)):
-        return True
-    gold, pred = gold.strip(), pred.strip()
-    return not fast and r1_latex_candidate(gold) and r1_latex_candidate(pred) and r1_latex_equal(gold, pred)
-
-
-def r1_grade(model_answer: str, ground_truth: str, fast: bool = True, grader: MathGrader | None = None) -> bool:
-    """SPEC step 5: the normalised strings match, or sympy shows them equal, or (fast=False) math-verify does.
-
-    The string check runs here; sympy and math-verify run in `grader`'s workers (default: `default_grader()`)
-    under its deadline, because both can take seconds on hostile input (`(x+1)^{32}(y+1)^{32}` expands for
-    ~8 s). A timeout counts as not equal. Answers over MAX_R1_CHARS are compared as stripped strings.
-    """
-    if "\\boxed" in ground_truth or "\\fbox" in ground_truth:
-        ground_truth = last_boxed(ground_truth) or ground_truth
-    if len(model_answer) > MAX_R1_CHARS or len(ground_truth) > MAX_R1_CHARS:
-        return model_answer.strip() == ground_truth.strip()  # the normalising regexes are not linear-time
-    gold_norm = normalize_math_answer(ground_truth)
-    if not gold_norm:
-        return False
-    if normalize_math_answer(model_answer) == gold_norm:
-        return True
-    return (grader or default_grader()).r1_equivalent(ground_truth, model_answer, fast)
-
-
-# ============================================================================ 3. MathGrader: parallel, deadline
-
-WORKER_JOBS = {"canoe": canoe_math_equal, "r1": r1_worker_equal}  # what deadline workers may run
+WORKER_JOBS = {"canoe": canoe_math_equal}  # what grading workers may run from this module
+# The modules each grading worker imports, running their `warm_up()` and taking their WORKER_JOBS. r1_grader
+# imports this module, so it is named here rather than imported.
+WORKER_MODULES = ("grader", "r1_grader")
+# Pairs each worker grades before it reports ready, in every module's `warm_up`.
+WARM_UP_PAIRS = [("\\frac{1}{2}", "0.5"), ("x^2-1", "(x-1)(x+1)"), ("\\sqrt{8}", "2\\sqrt{2}"), ("120", "5!"),
+                 ("(1,2)", "[1,2)")]
 
 
 def warm_up() -> None:
     """Run once in each worker before it reports ready. math-verify compiles its regexes and sympy imports its
     polynomial and radical code on first use (up to ~0.3 s); that must not count against a sample's deadline."""
-    examples = [("\\frac{1}{2}", "0.5"), ("x^2-1", "(x-1)(x+1)"), ("\\sqrt{8}", "2\\sqrt{2}"), ("120", "5!"),
-                ("(1,2)", "[1,2)")]
-    for gold, pred in examples:
+    for gold, pred in WARM_UP_PAIRS:
         canoe_math_equal(gold, pred)
-        r1_worker_equal(gold, pred, fast=False)
 
 
 def _quiet_math_verify() -> None:
@@ -618,7 +297,7 @@ class MathGrader:
 
     def __init__(self, workers: int = 2, deadline_s: float = 1.0):
         self.deadline_s = deadline_s
-        self._pool = DeadlinePool("grader", workers=workers, deadline_s=deadline_s)
+        self._pool = DeadlinePool(WORKER_MODULES, workers=workers, deadline_s=deadline_s)
         self.timeouts = 0
         self.errors = 0
         self.slowest_s = 0.0
@@ -650,7 +329,7 @@ class MathGrader:
         self._pool.wait_ready()
 
     def r1_equivalent(self, gold: str, pred: str, fast: bool) -> bool:
-        """The worker part of `r1_grade` (sympy, plus math-verify when not fast); False on timeout."""
+        """The worker part of `r1_grader.r1_grade` (sympy, plus math-verify when not fast); False on timeout."""
         return self._run("r1", [(gold, pred, fast)], [False])[0]
 
     def _run(self, job: str, calls: list[tuple], fallbacks: list[bool]) -> list:

@@ -14,7 +14,21 @@ original, which trains with TRL's GRPOTrainer of early 2025):
     token loss  ℓ_{i,t} = -(s_{i,t} - β D_{i,t})
 
     "seq-mean-token-mean" (the original, DeepSeekMath eq. 3):  L = (1/N) Σ_i (1/|o_i|) Σ_{t ∈ o_i} ℓ_{i,t}
-    "token-mean" (every trained token weighs the same):        L = (1/Σ_i |o_i|) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
+    "token-mean" (every trained token weighs the same; DAPO):  L = (1/Σ_i |o_i|) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
+    "seq-mean-token-sum-norm" (a constant normaliser; Dr. GRPO):  L = (1/(N·L_max)) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
+
+Options, all off by default (each named after the paper it comes from):
+
+    std = "none"         A_i = r_i - mean(r_group)                    Dr. GRPO (Liu et al. 2025, arXiv 2503.20783)
+    ε_high > ε_low       clip-higher, e.g. ε_high = 0.28              DAPO (Yu et al. 2025, arXiv 2503.14476)
+    trained_sequences    truncated completions / zero-variance groups leave the loss            DAPO
+    ratio_level "sequence"  ρ_{i,t} = s_i = exp((1/|o_i|) Σ_{t ∈ o_i} (logp_{i,t} - logp_old_{i,t}))
+                         one ratio per sequence, the geometric mean of its token ratios      GSPO (Zheng et al. 2025,
+                         arXiv 2507.18071; it clips with ε of a few 1e-4, not 0.2)
+    importance_cap C     s_{i,t} is multiplied by w_{i,t} = min(exp(logp_old_{i,t} - logp_vllm_{i,t}), C), a constant:
+                         truncated importance sampling for the sampler-trainer mismatch (Yao et al. 2025, "Your
+                         efficient RL framework secretly brings you off-policy RL training"); the KL term is not
+                         weighted
 
 where o_i is the set of trained positions of sequence i (its `mask`). k3 is Schulman's unbiased, always
 non-negative estimator of KL(π_θ ‖ π_ref) from samples of π_θ ("Approximating KL Divergence", 2020).
@@ -22,9 +36,11 @@ non-negative estimator of KL(π_θ ‖ π_ref) from samples of π_θ ("Approxima
 How we differ from the original, and why:
 
 1. Old log-probabilities are an argument. With one update per rollout the original sets the old policy to the
-   current one detached, so ρ ≡ 1 and clipping never acts; ours computes ρ against `old_logprobs` (e.g. vLLM's
-   sampling log-probabilities), which gives the same gradient when they agree and real clipping when they do not.
-   Clipping bounds may differ (ε_low, ε_high, as in DAPO); equal by default.
+   current one detached, so ρ ≡ 1 and clipping never acts (the driver does the same when num_iterations = 1).
+   With μ > 1 updates per rollout the driver passes the trainer's log-probabilities from before the first
+   update, so from the second update on ρ ≠ 1 and the clip acts. The sampler's (vLLM's) log-probabilities are
+   a separate argument, used only by the importance correction. Clipping bounds may differ (ε_low, ε_high, as
+   in DAPO); equal by default.
 2. The trained-token mask is explicit (completion tokens up to and including EOS), never inferred from pad ids.
 3. A sequence with no trained token contributes 0 instead of 0/0 = NaN.
 4. The loss of a batch does not depend on how it is split into micro-batches: `total_sequences` /
@@ -49,9 +65,13 @@ __all__ = [
     "merge_metrics",
     "summarize_metrics",
     "token_logprobs",
+    "trained_sequences",
+    "zero_variance_groups",
 ]
 
-AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+ADVANTAGE_STDS = ("unbiased", "biased", "none")
+RATIO_LEVELS = ("token", "sequence")
 
 # How each raw metric returned by `grpo_loss` combines across micro-batches and ranks: "sum" adds, "min"/"max"
 # keep the extreme. Across ranks, all-reduce each key with the matching op (SUM, MIN, MAX).
@@ -62,6 +82,8 @@ METRIC_REDUCTIONS: dict[str, str] = {
     "ratio_sum": "sum",  # Σ over trained tokens of ρ
     "ratio_min": "min",  # min ρ over trained tokens (+inf when there are none)
     "ratio_max": "max",  # max ρ over trained tokens (-inf when there are none)
+    "importance_sum": "sum",  # Σ over trained tokens of the importance weight w (1 when the correction is off)
+    "importance_capped": "sum",  # trained tokens whose weight was capped at C
 }
 
 
@@ -70,7 +92,8 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: s
 
     `rewards` is `(N,)` with the G = `group_size` samples of each prompt stored consecutively (prompt 0's
     samples first). Statistics are taken per group of G. `std` is "unbiased" (divide by G - 1, as torch.std and
-    the original) or "biased" (divide by G). A group whose rewards are all equal carries no signal and gets
+    the original), "biased" (divide by G) or "none" (no division: A = r - mean, Dr. GRPO, which argues that the
+    division over-weights groups that are almost all right or all wrong). A group whose rewards are all equal carries no signal and gets
     exactly 0 (not (r - mean) / eps, which float rounding of the mean could make non-zero). Returns a new
     `(N,)` float tensor; `rewards` is not modified.
 
@@ -85,8 +108,8 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: s
         raise ValueError(
             f"the number of rewards ({rewards.numel()}) is not a multiple of group_size ({group_size})"
         )
-    if std not in ("unbiased", "biased"):
-        raise ValueError(f'std must be "unbiased" or "biased", got {std!r}')
+    if std not in ADVANTAGE_STDS:
+        raise ValueError(f"std must be one of {ADVANTAGE_STDS}, got {std!r}")
     if eps < 0:
         raise ValueError(f"eps must be non-negative, got {eps}")
 
@@ -94,11 +117,54 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: s
     values = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
     grouped = values.reshape(-1, group_size)  # (B, G)
     mean = grouped.mean(dim=1, keepdim=True)  # (B, 1)
-    spread = grouped.std(dim=1, keepdim=True, correction=1 if std == "unbiased" else 0)  # (B, 1)
-    advantages = (grouped - mean) / (spread + eps)  # (B, G)
+    if std == "none":
+        advantages = grouped - mean  # (B, G)
+    else:
+        spread = grouped.std(dim=1, keepdim=True, correction=1 if std == "unbiased" else 0)  # (B, 1)
+        advantages = (grouped - mean) / (spread + eps)  # (B, G)
     constant = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (B, 1)
     advantages = torch.where(constant, torch.zeros_like(advantages), advantages)  # (B, G)
     return advantages.reshape(-1)  # (N,)
+
+
+def zero_variance_groups(rewards: Tensor, group_size: int) -> Tensor:
+    """`(B,)` bool: True for the groups whose G rewards are all equal (their advantages are all 0).
+
+    >>> zero_variance_groups(torch.tensor([1.0, 1.0, 0.0, 2.0]), group_size=2)
+    tensor([ True, False])
+    """
+    if rewards.dim() != 1 or group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"rewards must be (N,) with N a multiple of group_size, got {tuple(rewards.shape)}, "
+                         f"group_size {group_size}")
+    grouped = rewards.reshape(-1, group_size)  # (B, G)
+    return grouped.amax(dim=1) == grouped.amin(dim=1)  # (B,)
+
+
+def trained_sequences(rewards: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,
+                      skip_zero_variance_groups: bool = False) -> Tensor:
+    """`(N,)` bool: which sequences enter the loss. Both options come from DAPO (Yu et al. 2025):
+
+    - `mask_truncated`: a completion cut off by the token limit (`truncated`, `(N,)` bool) has no end, so its
+      reward judges an unfinished text; it gets no loss ("overlong filtering").
+    - `skip_zero_variance_groups`: a group whose rewards are all equal has advantages 0, so only the KL term
+      would train on it; all G of its sequences leave the loss (DAPO's dynamic sampling drops such groups and
+      samples new ones; we only drop them).
+
+    The caller zeroes the mask rows of dropped sequences and counts only the kept ones in the loss
+    denominators (`total_sequences`, `total_tokens`), so that the kept ones weigh as if the batch were theirs.
+
+    >>> trained_sequences(torch.tensor([1.0, 1.0, 0.0, 1.0]), 2, torch.tensor([False, False, True, False]),
+    ...                   mask_truncated=True, skip_zero_variance_groups=True)
+    tensor([False, False, False,  True])
+    """
+    if truncated.shape != rewards.shape:
+        raise ValueError(f"truncated must be (N,) = {tuple(rewards.shape)}, got {tuple(truncated.shape)}")
+    kept = torch.ones(rewards.shape, dtype=torch.bool, device=rewards.device)  # (N,)
+    if mask_truncated:
+        kept &= ~truncated.bool()
+    if skip_zero_variance_groups:
+        kept &= ~zero_variance_groups(rewards, group_size).repeat_interleave(group_size)
+    return kept
 
 
 def grpo_loss(
@@ -114,6 +180,10 @@ def grpo_loss(
     aggregation: str = "seq-mean-token-mean",
     total_sequences: float | None = None,
     total_tokens: float | None = None,
+    max_completion_tokens: int | None = None,
+    ratio_level: str = "token",
+    sampler_logprobs: Tensor | None = None,
+    importance_cap: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped GRPO loss with a β-weighted k3 KL penalty (equations in the module docstring).
 
@@ -127,10 +197,16 @@ def grpo_loss(
             reach the loss, its gradient or the metrics.
         clip_eps_low, clip_eps_high: ρ is clipped to [1 - ε_low, 1 + ε_high].
         beta: KL weight β.
-        aggregation: "seq-mean-token-mean" or "token-mean".
-        total_sequences: seq-mean-token-mean denominator; default N, the sequences of this call (rows with an
-            empty mask count too: they are completions of the batch that contribute 0).
+        aggregation: "seq-mean-token-mean", "token-mean" or "seq-mean-token-sum-norm".
+        total_sequences: seq-mean-token-mean and seq-mean-token-sum-norm denominator; default N, the sequences
+            of this call (rows with an empty mask count too: they are completions of the batch that contribute 0).
         total_tokens: token-mean denominator; default the trained tokens of this call (at least 1).
+        max_completion_tokens: L_max, the constant of seq-mean-token-sum-norm (required for it).
+        ratio_level: "token" (one ρ per token) or "sequence" (GSPO: one ρ per sequence for all its tokens).
+        sampler_logprobs: `(N, T)` log-probabilities the sampler (vLLM) reported for the same tokens, constant;
+            required when `importance_cap > 0`.
+        importance_cap: C > 0 turns on truncated importance sampling, w = min(π_old / π_sampler, C) per token;
+            0 turns it off (w = 1).
 
     Micro-batch contract: split a batch into micro-batches, call this once per micro-batch with
     `total_sequences` = rows of the whole batch and `total_tokens` = trained tokens of the whole batch (passing
@@ -164,6 +240,14 @@ def grpo_loss(
         raise ValueError(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}")
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if aggregation == "seq-mean-token-sum-norm" and not (max_completion_tokens or 0) > 0:
+        raise ValueError(f"seq-mean-token-sum-norm needs max_completion_tokens > 0, got {max_completion_tokens}")
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+    if importance_cap < 0 or (importance_cap > 0 and sampler_logprobs is None):
+        raise ValueError(f"importance_cap must be 0 (off) or positive with sampler_logprobs given, got {importance_cap}")
+    if sampler_logprobs is not None and sampler_logprobs.shape != (N, T):
+        raise ValueError(f"sampler_logprobs must have the shape of logprobs {(N, T)}, got {tuple(sampler_logprobs.shape)}")
     for name, total in (("total_sequences", total_sequences), ("total_tokens", total_tokens)):
         if total is not None and not total > 0:
             raise ValueError(f"{name} must be positive, got {total}")
@@ -179,8 +263,18 @@ def grpo_loss(
     # Outside the mask the log-ratio is set to 0 *before* exp: padding log-probabilities can be -inf or garbage,
     # and inf * 0 would turn into NaN in the loss and its gradient even though those positions are masked out.
     log_ratio = torch.where(trained, logp - old, 0.0)  # (N, T)
+    if ratio_level == "sequence":  # GSPO: the mean log-ratio of each sequence, for every one of its tokens
+        sequence_log_ratio = log_ratio.sum(dim=1, keepdim=True) / weight.sum(dim=1, keepdim=True).clamp(min=1)  # (N, 1)
+        log_ratio = torch.where(trained, sequence_log_ratio, 0.0)  # (N, T)
     ratio = torch.exp(log_ratio)  # (N, T)
     surrogate = torch.minimum(ratio * A, ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * A)  # (N, T)
+    importance = torch.ones_like(logp)  # (N, T) w, a constant
+    capped = torch.zeros_like(trained)  # (N, T) bool
+    if importance_cap > 0:
+        raw = torch.exp(torch.where(trained, old - sampler_logprobs.detach().to(dtype), 0.0))  # (N, T)
+        capped = trained & (raw > importance_cap)
+        importance = raw.clamp(max=importance_cap)
+        surrogate = importance * surrogate  # (N, T)
 
     if ref_logprobs is None:
         kl = torch.zeros_like(logp)  # (N, T)
@@ -196,6 +290,8 @@ def grpo_loss(
         # clamp: an empty sequence has a zero sum and contributes 0 rather than 0/0.
         per_sequence = per_token.sum(dim=1) / tokens_per_sequence.clamp(min=1)  # (N,)
         loss = per_sequence.sum() / (N if total_sequences is None else total_sequences)
+    elif aggregation == "seq-mean-token-sum-norm":
+        loss = per_token.sum() / ((N if total_sequences is None else total_sequences) * max_completion_tokens)
     else:
         denominator = weight.sum().clamp(min=1) if total_tokens is None else total_tokens
         loss = per_token.sum() / denominator
@@ -213,6 +309,8 @@ def grpo_loss(
             "ratio_sum": (ratio_seen * weight).sum(),
             "ratio_min": torch.where(trained, ratio_seen, inf).amin(),
             "ratio_max": torch.where(trained, ratio_seen, -inf).amax(),
+            "importance_sum": (importance * weight).sum(),
+            "importance_capped": capped.to(dtype).sum(),
         }
     return loss, metrics
 
@@ -237,13 +335,15 @@ def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
     """Turn merged metrics into the logged values, each a mean over all trained tokens of the step.
 
     Keys: `loss/kl` (mean k3 KL), `loss/clip_frac` (fraction of tokens whose surrogate was clipped),
-    `loss/ratio_mean`, `loss/ratio_min`, `loss/ratio_max` (of ρ = π_θ / π_old). With no trained token at all,
+    `loss/ratio_mean`, `loss/ratio_min`, `loss/ratio_max` (of ρ = π_θ / π_old), `loss/importance_mean` (mean
+    weight w, 1 when the sampler correction is off) and `loss/importance_capped_frac` (share of tokens capped). With no trained token at all,
     every value is 0.0 rather than NaN or ±inf.
     """
     tokens = float(totals["tokens"])
     if tokens == 0:
         return dict.fromkeys(
-            ("loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max"), 0.0
+            ("loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
+             "loss/importance_mean", "loss/importance_capped_frac"), 0.0
         )
     return {
         "loss/kl": float(totals["kl_sum"]) / tokens,
@@ -251,6 +351,8 @@ def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
         "loss/ratio_mean": float(totals["ratio_sum"]) / tokens,
         "loss/ratio_min": float(totals["ratio_min"]),
         "loss/ratio_max": float(totals["ratio_max"]),
+        "loss/importance_mean": float(totals["importance_sum"]) / tokens,
+        "loss/importance_capped_frac": float(totals["importance_capped"]) / tokens,
     }
 
 

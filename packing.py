@@ -15,11 +15,13 @@ token is ever computed.
 
 A group shaped like the step benchmark's (a 210-token prompt, 7 completions of 40 to 128 tokens) is 705 tokens
 instead of 2,366, and its forward and its forward + backward ran 2.6-2.7x faster on 2 CPU cores
-(`bench/bench_packing.py`, figures in bench/RESULTS.md). The cost is a dense mask: attention scores are computed for all L² pairs, most of them
-masked. That is cheap next to the linear layers while L is a few thousand tokens; a model configured for
-flash-attention cannot take a 4D mask, so only the `sdpa` and `eager` implementations are accepted.
+(`bench/bench_packing.py`, figures in bench/RESULTS.md). The cost is a dense mask: attention scores are computed
+for all L² pairs, most of them masked. That is cheap next to the linear layers while L is a few thousand tokens; a
+model configured for flash-attention cannot take a 4D mask, so only the `sdpa` and `eager` implementations are
+accepted.
 
-Not in the original CANOE code (TRL's GRPOTrainer pads `(G, P + C)`); named in README "Deviations".
+Not in the original CANOE code (TRL's GRPOTrainer pads `(G, P + C)`); named in the README, "Where we differ from
+the original CANOE code", and in docs/DESIGN.md, "Deliberate differences from the original CANOE code".
 """
 
 from __future__ import annotations

@@ -1,14 +1,22 @@
-"""Draw a run's metrics.jsonl as one PNG: rewards, KL, completion length and exact match over steps.
+"""Draw a run's metrics.jsonl as one PNG: rewards, KL, completion length and exact match over steps. Given several
+runs, draw them in the same panels, against wall-clock minutes, to compare them at equal time.
 
     python plot.py runs/default                 # writes runs/default/metrics.png
     python plot.py runs/default --out curve.png
+    python plot.py runs/default runs/variant --out compare.png
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no screen
+import matplotlib.pyplot as plt  # noqa: E402
 
 PANELS = (
     ("rewards (mean over samples)", ("reward/accuracy", "reward/format", "reward/influence", "reward/length")),
@@ -26,45 +34,57 @@ def smooth(values: list[float], window: int) -> list[float]:
             for i in range(len(values))]
 
 
-def plot(run_dir: Path, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         raise SystemExit(f"error: {path} does not exist")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not rows:
         raise SystemExit(f"error: {path} is empty")
-    steps = [row["step"] for row in rows]
-    window = max(1, len(rows) // 10)
+    return rows
+
+
+def plot(run_dirs: Path | list[Path], out: Path) -> Path:
+    """One run: every panel over steps. Several runs: each run one line style, over minutes of training."""
+    runs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    for ax, (title, keys) in zip(axes.flat, PANELS):
-        for key in keys:
-            if key not in rows[0]:
-                continue
-            values = [row[key] for row in rows]
-            line, = ax.plot(steps, values, alpha=0.25)
-            ax.plot(steps, smooth(values, window), color=line.get_color(), label=key.split("/")[-1])
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if len(keys) > 1:
-            ax.legend(fontsize=8)
-    fig.suptitle(f"{run_dir} ({len(rows)} steps; lines: moving average over {window})")
+    styles = itertools.cycle(["-", "--", ":", "-."])
+    windows = []
+    for run_dir, style in zip(runs, styles):
+        rows = read_metrics(run_dir)
+        window = max(1, len(rows) // 10)
+        windows.append(window)
+        if len(runs) == 1:
+            x = [row["step"] for row in rows]
+        else:
+            x = list(itertools.accumulate(row["time/step"] / 60 for row in rows))
+        for ax, (title, keys) in zip(axes.flat, PANELS):
+            for key in keys:
+                if key not in rows[0]:
+                    continue
+                values = [row[key] for row in rows]
+                label = key.split("/")[-1] if len(runs) == 1 else f"{run_dir.name}: {key.split('/')[-1]}"
+                line, = ax.plot(x, values, alpha=0.2, linestyle=style)
+                ax.plot(x, smooth(values, window), color=line.get_color(), linestyle=style, label=label)
+            ax.set_title(title)
+            ax.set_xlabel("step" if len(runs) == 1 else "minutes")
+            ax.grid(alpha=0.3)
+            if len(keys) > 1 or len(runs) > 1:
+                ax.legend(fontsize=7)
+    names = ", ".join(str(run) for run in runs)
+    fig.suptitle(f"{names} (lines: moving average over {'/'.join(map(str, windows))} steps)")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
+    plt.close(fig)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--out", type=Path, help="PNG path (default RUN_DIR/metrics.png)")
+    parser.add_argument("run_dirs", type=Path, nargs="+")
+    parser.add_argument("--out", type=Path, help="PNG path (default RUN_DIR/metrics.png of the first run)")
     args = parser.parse_args()
-    print(plot(args.run_dir, args.out or args.run_dir / "metrics.png"))
+    print(plot(args.run_dirs, args.out or args.run_dirs[0] / "metrics.png"))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""The four CANOE rewards (SPEC section 3; seed 000) and the R1-Zero math reward (seed 002).
+"""The four CANOE rewards and the R1-Zero math reward.
 
 Every CANOE reward has one signature, `fn(completions, <dataset columns it needs>, **kwargs) -> list[float]`:
 `completions` holds one entry per sample, a list of chat messages whose first `content` is the text, and the result
-holds one 0.0/1.0 per sample. Adding a reward is one such function and one line in `REWARD_FUNCS`.
+holds one 0.0/1.0 per sample. Adding a reward is one such function and one line in `REWARD_FUNCS`. The rules are
+those of the original CANOE code (`code/train/src/open_r1/grpo.py`: `accuracy_reward`, `influence_reward`,
+`format_reward`, `len_reward`; CANOE, arXiv 2505.16483); docs/DESIGN.md, "Rewards", states them in full.
 
 | name        | 1.0 when                                                                                         |
 |-------------|--------------------------------------------------------------------------------------------------|
@@ -11,15 +13,16 @@ holds one 0.0/1.0 per sample. Adding a reward is one such function and one line 
 | `influence` | the stage-2 completion (regenerated from the long answer alone) has the solution's answer span    |
 | `length`    | the long answer is strictly between 20% and 80% of the context, in characters                    |
 
-*Answer span* of a text: the first `<answer>...</answer>` (across lines), stripped; without one, the whole text
-stripped. The same rule reads `solution`.
+*Answer span* of a text (`tags.answer_span`): the first `<answer>...</answer>` (across lines), stripped; without
+one, the whole text stripped. The same rule reads `solution`.
 
-Bad input (None, non-strings, missing tags, megabyte strings, lone surrogates) gives 0.0 for that sample and never
-raises. Malformed entries (a completion that is not a list of messages, a None text) are counted in
-`REWARD_ISSUES` and logged once; an unexpected exception is also counted and logged, never silently turned into
-0.0. With `DEBUG_MODE=true` in the environment, accuracy and influence append every sample to a log: `LOG_PATH`
-if set, else `accuracy_reward.log` / `influence_accuracy_reward.log` in the `log_dir` keyword argument (the
-trainer passes its run directory), else in the current directory.
+Malformed input is the rewards' to handle, one sample at a time: a completion that is not a list of messages, a
+None or non-string text, a missing tag, a column of the wrong length, megabyte strings, lone surrogates all give
+0.0 for the samples concerned, and the shape errors are counted in `REWARD_ISSUES` (the first of each kind is
+logged). An exception raised by a reward's own code is a bug and propagates with its traceback: the trainer stops
+rather than train on zeros. With `DEBUG_MODE=true` in the environment, accuracy and influence append every sample
+to a log, as the original does: `LOG_PATH` if set, else `accuracy_reward.log` / `influence_accuracy_reward.log`
+in the `log_dir` keyword argument (the trainer passes its run directory), else in the current directory.
 
 Deliberate differences from the original CANOE code, each in the function concerned:
 - accuracy: graded on the answer spans with `verify(gold, pred)`, not on the whole completion with
@@ -27,12 +30,12 @@ Deliberate differences from the original CANOE code, each in the function concer
 - format: outer whitespace is stripped first (a trailing newline failed there).
 - length: the tag patterns match across lines (no DOTALL there, so any multi-line context or long answer scored 0).
 
-`r1_zero_reward_fn` is the R1-Zero reward (format gate, `\\boxed` extraction, grading by `grader.r1_grade`).
+`r1_zero_reward_fn` is the R1-Zero reward of understand-r1-zero (Liu et al. 2025, arXiv 2503.20783): format gate,
+`\\boxed` extraction, grading by `r1_grader.r1_grade`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
@@ -41,13 +44,14 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Callable
 
-from deadline import WorkerStartError
-from grader import MathGrader, default_grader, last_boxed, r1_grade
+from grader import MathGrader, default_grader
+from r1_grader import last_boxed, r1_grade
+from tags import answer_span, tag_content
 
 logger = logging.getLogger(__name__)
 
-# Counted problems, keyed "<reward>/<kind>": "malformed" (input not in the documented shape) and "error" (an
-# exception we did not foresee). The trainer may log them; tests assert on them.
+# Counted problems, keyed "<reward>/malformed" (input not in the documented shape) and "debug_log/error" (the
+# DEBUG_MODE log could not be written). The trainer logs their sum per step as `reward/issues`; tests assert on them.
 REWARD_ISSUES: Counter[str] = Counter()
 
 
@@ -57,30 +61,15 @@ def _note(key: str, detail: str, error: BaseException | None = None) -> None:
         logger.warning("reward %s: %s (further ones only counted in REWARD_ISSUES)", key, detail, exc_info=error)
 
 
-# ------------------------------------------------------------------------------------------------ text helpers
+# ------------------------------------------------------------------------------------------------ input shapes
 
 
-def _tag_content(text: str, tag: str) -> str | None:
-    """First `<tag>(.*?)</tag>` (DOTALL), stripped; None if absent.
-
-    Same result as the regex, but two `str.find`s: linear even on a megabyte of unclosed `<tag>`s.
-    """
-    start = text.find(f"<{tag}>")
-    if start < 0:
-        return None
-    start += len(tag) + 2
-    end = text.find(f"</{tag}>", start)
-    return None if end < 0 else text[start:end].strip()
-
-
-def answer_span(text: str) -> str:
-    """The first `<answer>` content, stripped; the whole text stripped if there is none.
-
-    >>> answer_span("<think>7</think><answer> 42 </answer>"), answer_span(" 42 ")
-    ('42', '42')
-    """
-    inside = _tag_content(text, "answer")
-    return text.strip() if inside is None else inside
+def _entries(completions: Any, reward: str) -> list | None:
+    """`completions` as a list of entries; None (counted) when it is not a list at all."""
+    if isinstance(completions, Sequence) and not isinstance(completions, str):
+        return list(completions)
+    _note(f"{reward}/malformed", f"completions is a {type(completions).__name__}, not a list")
+    return None
 
 
 def _completion_text(completion: Any) -> str | None:
@@ -92,8 +81,8 @@ def _completion_text(completion: Any) -> str | None:
     return None
 
 
-def _texts(completions: Any, reward: str) -> list[str | None]:
-    texts = [_completion_text(c) for c in completions]
+def _texts(entries: list, reward: str) -> list[str | None]:
+    texts = [_completion_text(c) for c in entries]
     if None in texts:
         _note(f"{reward}/malformed", "a completion is not a list of messages with a string 'content'")
     return texts
@@ -114,7 +103,8 @@ def _column(values: Any, n: int, reward: str, name: str) -> list[Any]:
 def _debug_log(
     file_name: str, header: str, rewards: list[float], contents: list, solutions: list, log_dir: Any
 ) -> None:
-    """Append one block per sample when DEBUG_MODE=true (seed 000). A log that cannot be written is reported."""
+    """Append one block per sample when DEBUG_MODE=true (the original's debug log). A log that cannot be written is
+    counted and logged, not raised: it is a diagnostic, not part of the reward."""
     if os.environ.get("DEBUG_MODE") != "true":
         return
     path = os.environ.get("LOG_PATH") or os.path.join(str(log_dir) if log_dir else ".", file_name)
@@ -129,37 +119,9 @@ def _debug_log(
         _note("debug_log/error", f"cannot write {path}", error)
 
 
-def _never_raises(name: str) -> Callable[[Callable[..., list[float]]], Callable[..., list[float]]]:
-    """Make a reward return 0.0 for the batch on an exception we did not foresee, counted and logged.
-
-    Bad input is handled sample by sample inside each reward; reaching this guard means a bug, so it is
-    reported (REWARD_ISSUES["<name>/error"], traceback logged once), not hidden. Workers that cannot start at all
-    (`deadline.WorkerStartError`) still raise: every reward would be wrong.
-    """
-
-    def decorate(fn: Callable[..., list[float]]) -> Callable[..., list[float]]:
-        @functools.wraps(fn)
-        def reward(completions: Any, *args: Any, **kwargs: Any) -> list[float]:
-            if not isinstance(completions, Sequence) or isinstance(completions, str):
-                _note(f"{name}/malformed", f"completions is a {type(completions).__name__}, not a list")
-                return []
-            try:
-                return fn(completions, *args, **kwargs)
-            except WorkerStartError:
-                raise
-            except Exception as error:  # counted and logged: see the docstring
-                _note(f"{name}/error", f"{type(error).__name__} on a batch of {len(completions)}", error)
-                return [0.0] * len(completions)
-
-        return reward
-
-    return decorate
-
-
 # ------------------------------------------------------------------------------------------------ rewards
 
 
-@_never_raises("accuracy")
 def accuracy_reward(
     completions: list, solution: list, grader: MathGrader | None = None, log_dir: str | None = None, **kwargs: Any
 ) -> list[float]:
@@ -171,7 +133,10 @@ def accuracy_reward(
     per-sample deadline, timed-out samples fall back to string match); without one, the process-wide
     `grader.default_grader()` (2 workers, 1 s) is created on first use.
     """
-    texts = _texts(completions, "accuracy")
+    entries = _entries(completions, "accuracy")
+    if entries is None:
+        return []
+    texts = _texts(entries, "accuracy")
     solutions = _column(solution, len(texts), "accuracy", "solution")
     golds: list[str] = []
     preds: list[str] = []
@@ -195,7 +160,7 @@ _FORMAT_LONG_END = re.compile(r"</long_answer>\s*<answer>")
 
 
 def _has_format(text: str) -> bool:
-    """Whether the stripped text fully matches (DOTALL) the SPEC's format pattern, decided in linear time:
+    """Whether the stripped text fully matches (DOTALL) the format pattern, decided in linear time:
     `<think>.*?</think>\\s*<long_answer>.*?</long_answer>\\s*<answer>.*?</answer>`.
 
     The lazy regex backtracks polynomially on hostile text with many tags. Taking the earliest
@@ -211,17 +176,18 @@ def _has_format(text: str) -> bool:
     return long_end is not None and long_end.end() <= len(text) - len("</answer>")
 
 
-@_never_raises("format")
 def format_reward(completions: list, **kwargs: Any) -> list[float]:
-    """1.0 iff the text, outer whitespace stripped, is exactly think, long answer, answer blocks (SPEC table).
+    """1.0 iff the text, outer whitespace stripped, is exactly think, long answer, answer blocks.
 
     Only whitespace may separate the blocks; tags are case-sensitive. The original CANOE code did not strip the
     text first, so a trailing newline (which models emit all the time) scored 0.
     """
-    return [1.0 if text is not None and _has_format(text.strip()) else 0.0 for text in _texts(completions, "format")]
+    entries = _entries(completions, "format")
+    if entries is None:
+        return []
+    return [1.0 if text is not None and _has_format(text.strip()) else 0.0 for text in _texts(entries, "format")]
 
 
-@_never_raises("influence")
 def influence_reward(
     completions: list, solution: list, completions_long_answer: list, log_dir: str | None = None, **kwargs: Any
 ) -> list[float]:
@@ -230,7 +196,10 @@ def influence_reward(
     `completions_long_answer[i]` is the completion regenerated from sample i's long answer in place of the
     context (or None when there was no long answer or no context: 0.0). Stage-1 `completions` are not read.
     """
-    n = len(completions)
+    entries = _entries(completions, "influence")
+    if entries is None:
+        return []
+    n = len(entries)
     stage2 = _column(completions_long_answer, n, "influence", "completions_long_answer")
     solutions = _column(solution, n, "influence", "solution")
     contents: list[str | None] = []
@@ -258,7 +227,6 @@ def _problem_text(problem: Any) -> str | None:
     return None
 
 
-@_never_raises("length")
 def len_reward(completions: list, problem: list, **kwargs: Any) -> list[float]:
     """1.0 iff 0.2·len(context) < len(long answer) < 0.8·len(context), strictly, in characters.
 
@@ -266,13 +234,16 @@ def len_reward(completions: list, problem: list, **kwargs: Any) -> list[float]:
     completion, both stripped; a missing block or an empty context gives 0.0. The original CANOE patterns lacked
     DOTALL, so any multi-line context or long answer scored 0; ours match across lines.
     """
-    texts = _texts(completions, "length")
+    entries = _entries(completions, "length")
+    if entries is None:
+        return []
+    texts = _texts(entries, "length")
     problems = _column(problem, len(texts), "length", "problem")
     rewards = []
     for text, prompt in zip(texts, problems):
         prompt_text = _problem_text(prompt)
-        context = None if prompt_text is None else _tag_content(prompt_text, "context")
-        long_answer = None if text is None else _tag_content(text, "long_answer")
+        context = None if prompt_text is None else tag_content(prompt_text, "context")
+        long_answer = None if text is None else tag_content(text, "long_answer")
         ok = bool(context) and long_answer is not None and 0.2 * len(context) < len(long_answer) < 0.8 * len(context)
         rewards.append(1.0 if ok else 0.0)
     return rewards
@@ -293,7 +264,8 @@ REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
 def r1_zero_reward_fn(
     response: str, ground_truth: str | int | float | list[str], fast: bool = True, grader: MathGrader | None = None
 ) -> dict[str, float]:
-    """R1-Zero reward (seed 002; SPEC section 3, steps 1-6): strict format gate, then a math grade.
+    """R1-Zero reward (understand-r1-zero's `r1_zero_reward_fn`; docs/DESIGN.md, "The R1-Zero math reward"):
+    a strict format gate, then a math grade.
 
     1. `response` must contain `</think> <answer>` (one space) and `</answer>`, else all three values are 0.0.
     2. The answer is the text after the last `<answer>`, with `</answer>` removed.
@@ -301,8 +273,8 @@ def r1_zero_reward_fn(
        balanced braces is a format error (all 0.0).
     4. `ground_truth`: str, int/float (as str) or a list of str (any may match); anything else, bool included
        (True is an int to Python, not an answer), is a TypeError.
-    5. `grader.r1_grade`: normalised strings, exact sympy, and with fast=False math-verify under the deadline
-       of `grader` (default: `grader.default_grader()`).
+    5. `r1_grader.r1_grade`: normalised strings, exact sympy, and with fast=False math-verify under the
+       deadline of `grader` (default: `grader.default_grader()`).
     6. Correct: all 1.0; formatted but wrong: format 1.0, the others 0.0.
 
     >>> r1_zero_reward_fn("<think>6*7</think> <answer>\\\\boxed{42}</answer>", 42)

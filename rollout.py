@@ -1,6 +1,6 @@
 """Rollouts for Dual-GRPO: vLLM sampling (stage 1 and stage 2) and the weight push from the trainer into vLLM.
 
-Stage 1 samples G completions per prompt. Stage 2 (CANOE's "dual" part, ../shared/SPEC.md section 4) takes the
+Stage 1 samples G completions per prompt. Stage 2 (CANOE's "dual" part; docs/DESIGN.md, "Rollout") takes the
 `<long_answer>` of each stage-1 completion, puts it in place of the prompt's `<context>` block and samples ONE
 new completion from that prompt at the same temperature; the influence reward then asks whether the model can
 still answer from the long answer alone. Stage-2 completions are scored, never trained on.
@@ -23,16 +23,25 @@ space and dot of the long answer in the new context; `substitute_context` insert
 
 from __future__ import annotations
 
+import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
+
 import hashlib
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+import deepspeed
 import torch
+import torch.nn.functional as F
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+from vllm.model_executor.layers import utils as vllm_layer_utils
+from vllm.platforms import current_platform
+
+from tags import tag_content
 
 CONTEXT_BLOCK = re.compile(r"<context>.*?</context>", re.DOTALL)
-LONG_ANSWER = re.compile(r"<long_answer>(.*?)</long_answer>", re.DOTALL)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -40,17 +49,15 @@ LONG_ANSWER = re.compile(r"<long_answer>(.*?)</long_answer>", re.DOTALL)
 
 
 def extract_long_answer(text: str | None) -> str | None:
-    """First `<long_answer>(.*?)</long_answer>` of `text` (DOTALL), stripped; None if there is none.
+    """First `<long_answer>(.*?)</long_answer>` of `text` (DOTALL), stripped; None if there is none or `text` is
+    not a string (the rule of `tags.tag_content`, which the length reward reads too).
 
     >>> extract_long_answer("<think>t</think><long_answer> Lyon is the capital. </long_answer><answer>Lyon</answer>")
     'Lyon is the capital.'
     >>> extract_long_answer("no tags") is None
     True
     """
-    if not isinstance(text, str):
-        return None
-    match = LONG_ANSWER.search(text)
-    return match.group(1).strip() if match else None
+    return tag_content(text, "long_answer") if isinstance(text, str) else None
 
 
 def substitute_context(problem: str | None, long_answer: str) -> str | None:
@@ -100,8 +107,6 @@ def make_engine(
     enable_sleep_mode: bool,
 ):
     """One colocated vLLM engine for this training process (tensor parallel 1, driven by our launcher)."""
-    from vllm import LLM
-
     if not torch.cuda.is_available():
         keep_cpu_linear_weights()
 
@@ -126,9 +131,6 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
     vLLM runs in this process, so it samples with this process's torch generator: seeding it right before the
     call makes the draw a function of `seed` alone (the trainer's own RNG stream is saved and restored around it).
     """
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
@@ -216,8 +218,6 @@ def iter_full_parameters(model: torch.nn.Module, zero_stage: int) -> Iterator[tu
         for name, param in model.named_parameters():
             yield name, param.detach()
         return
-    import deepspeed
-
     for module_name, module in model.named_modules():
         own = list(module.named_parameters(recurse=False))
         if not own:
@@ -237,12 +237,9 @@ def keep_cpu_linear_weights() -> None:
     push "succeeds" and generation goes on from the old weights (measured here: 2.4 nats of disagreement after
     one perturbed push). Keeping the plain parameters and `torch.nn.functional.linear` makes a push land.
     """
-    import torch.nn.functional as F
-    from vllm.model_executor.layers import utils
-
-    if getattr(utils.dispatch_cpu_unquantized_gemm, "keeps_weights", False):
+    if getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "keeps_weights", False):
         return
-    packed = utils.dispatch_cpu_unquantized_gemm
+    packed = vllm_layer_utils.dispatch_cpu_unquantized_gemm
 
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
         if layer.weight.ndim != 2 or layer.weight.is_meta:
@@ -250,7 +247,7 @@ def keep_cpu_linear_weights() -> None:
         layer.cpu_linear = lambda x, weight, bias: F.linear(x, weight, bias)
 
     dispatch.keeps_weights = True
-    utils.dispatch_cpu_unquantized_gemm = dispatch
+    vllm_layer_utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
 def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
@@ -264,9 +261,6 @@ def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
 
 def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> torch.Tensor:
     """vLLM's log-probabilities of `completion_ids` after `prompt_ids`, `(T,)` float32 (prompt logprobs)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
     ids = list(prompt_ids) + list(completion_ids)
     params = SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0)
     output = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
@@ -278,7 +272,7 @@ def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence
 def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tolerance: float) -> float:
     """Raise WeightSyncError unless the two `(T,)` log-probability vectors agree within `tolerance` (max |Δ|).
 
-    Returns the max absolute difference (logged every step as `sync/max_abs_diff`).
+    Returns the max absolute difference (logged every step as `sync/push_max_abs_diff`).
     """
     assert vllm_logprobs.shape == trainer_logprobs.shape, (vllm_logprobs.shape, trainer_logprobs.shape)
     diff = (vllm_logprobs.float() - trainer_logprobs.float().cpu()).abs()
@@ -300,8 +294,6 @@ def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tole
 
 def sleep_supported() -> bool:
     """vLLM can release its memory between rollouts only on CUDA/ROCm/XPU platforms (not on the CPU)."""
-    from vllm.platforms import current_platform
-
     return current_platform.is_sleep_mode_available()
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import canoe  # noqa: E402, F401  (sets OMP_NUM_THREADS as training does, before torch starts its pool)
+import runtime  # noqa: E402, F401  (sets OMP_NUM_THREADS as training does, before torch starts its pool)
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 

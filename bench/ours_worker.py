@@ -41,9 +41,10 @@ def main() -> None:
         raise SystemExit("--prompts must be a multiple of --micro-prompts")
 
     import canoe
+    from config import Config
 
     per_micro = args.micro_prompts
-    cfg = canoe.Config(
+    cfg = Config(
         model=args.model, train_file=args.data, output_dir=str(ROOT / "runs" / "bench" / "ours"), seed=args.seed,
         num_generations=args.generations, max_completion_tokens=args.max_new_tokens, temperature=args.temperature,
         prompts_per_device=per_micro, gradient_accumulation_steps=args.prompts // per_micro, beta=args.beta,
@@ -58,7 +59,7 @@ def main() -> None:
         if command == "step":
             start = time.perf_counter()
             with contextlib.redirect_stdout(sys.stderr):
-                metrics = canoe.train_step(run)
+                metrics = canoe.run_step(run)
             seconds = time.perf_counter() - start
             phases = {name: metrics.get(f"time/{name}", 0.0) for name in PHASES}
             print(json.dumps({"seconds": seconds, "phases": phases,

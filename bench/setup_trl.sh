@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Creates .venv-trl at the repo root: a separate environment with TRL, used only by the step-time benchmark
-# (bench/bench_step.py runs bench/trl_worker.py in it). The project itself never imports TRL (SPEC §1).
+# (bench/bench_step.py runs bench/trl_worker.py in it). The project itself never imports TRL.
 #
 #   bash bench/setup_trl.sh          # idempotent: a marker file records a finished install of these pins
 #
 # torch is pinned in the same pip call as trl, so pip resolves trl's dependencies around the local CPU wheel
 # (/opt/wheels, `2.13.0+cpu`) instead of pulling a CUDA build. math-verify is added so that the project's
 # rewards.py imports in this environment too. If anything brought torchvision/torchaudio/torchcodec built for
-# another torch, they are removed: transformers would then fail at import (shared/ENVIRONMENT.md).
+# another torch, they are removed: transformers would then fail at import (`operator torchvision::nms does not
+# exist`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

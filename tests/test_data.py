@@ -1,5 +1,5 @@
 """Tests for data.py: loaders and their error messages, prompt rendering and the overflow rule, the per-rank
-sampler and its resume state, exact_match, and the synthetic data generator."""
+sampler and its resume state, exact_match, the `check` command (the synthetic data: tests/test_synth.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import data
-import facts
 from data import DataError
 
 GOOD = {"problem": "<context>Paris is in France.</context>\n\nWhere is Paris?", "solution": "<answer>France</answer>"}
@@ -196,7 +195,7 @@ def test_system_prompt_describes_the_three_sections_without_trailing_period():
                   "<long_answer>detailed answer in complete sentences</long_answer>", "<answer>concise answer</answer>",
                   "two newline characters"):
         assert piece in data.SYSTEM_PROMPT
-    # The original ended this example line with a period, which format_reward rejects (SPEC section 2).
+    # The original's last section line ended with a period after </answer>, which format_reward rejects.
     assert "</answer>." not in data.SYSTEM_PROMPT
     assert data.SYSTEM_PROMPT.endswith("<answer>concise answer</answer>")
 
@@ -359,22 +358,8 @@ def test_sampler_rejects_bad_arguments_and_foreign_state():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# answer_span, exact_match
+# exact_match
 # ---------------------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "text, span",
-    [
-        ("<answer> Paris </answer>", "Paris"),
-        ("<think>no</think><answer>a\nb</answer><answer>c</answer>", "a\nb"),
-        ("  plain text ", "plain text"),
-        ("<answer>unclosed", "<answer>unclosed"),
-        ("<answer></answer>", ""),
-    ],
-)
-def test_answer_span(text, span):
-    assert data.answer_span(text) == span
 
 
 @pytest.mark.parametrize(
@@ -411,138 +396,16 @@ def test_exact_match_table(prediction, gold, contains, expected):
     assert data.exact_match(prediction, gold, contains=contains) is expected
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Synthetic data
-# ---------------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def synth(tmp_path_factory):
-    """Runs `data.py synth` once (n=400) and loads both files back with load_jsonl."""
-    out = tmp_path_factory.mktemp("synth")
-    import contextlib
-    import io
-
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        assert data.main(["synth", "--out", str(out), "--n", "400", "--seed", "7"]) == 0
-    return {"out": out, "stdout": stdout.getvalue(), "train": data.load_jsonl(out / "train.jsonl"),
-            "eval": data.load_jsonl(out / "eval.jsonl")}
-
-
-def context_of(row: dict) -> str:
-    return data.CONTEXT_RE.search(row["problem"]).group(1)
-
-
-def test_synth_sizes_tasks_and_printed_counts(synth):
-    assert len(synth["train"]) == 400 and len(synth["eval"]) == 60  # eval = round(400 * 0.15)
-    for split, n in (("train", 100), ("eval", 15)):
-        counts = {t: sum(r["task"] == t for r in synth[split]) for t in data.TASKS}
-        assert counts == dict.fromkeys(data.TASKS, n)
-        expected = ", ".join(f"{t} {n}" for t in data.TASKS)
-        assert f"{split}: {n * 4} rows -> {synth['out'] / f'{split}.jsonl'} ({expected})" in synth["stdout"]
-
-
-def test_synth_rows_share_one_schema_and_unique_ids(synth):
-    rows = synth["train"] + synth["eval"]
-    assert {tuple(r) for r in rows} == {("id", "task", "relation", "entities", "problem", "solution")}
-    assert len({r["id"] for r in rows}) == len(rows)
-    for row in rows:
-        assert re.fullmatch(r"<context>.+</context>\n\n[A-Z][^\n]*\?", row["problem"], re.DOTALL)
-        assert re.fullmatch(r"<answer>[^<>\n]+</answer>", row["solution"])
-
-
-def test_synth_eval_entities_are_disjoint_from_train(synth):
-    train_entities = {e for r in synth["train"] for e in r["entities"]}
-    eval_entities = {e for r in synth["eval"] for e in r["entities"]}
-    assert train_entities and eval_entities and not train_entities & eval_entities
-    # Stronger: no eval subject or bridge is even mentioned in a training prompt.
-    train_text = "\n".join(r["problem"] for r in synth["train"])
-    leaked = [e for e in eval_entities if re.search(rf"(?<![\w-]){re.escape(e)}(?![\w-])", train_text)]
-    assert leaked == []
-    train_world, eval_world = data.split_worlds(7)
-    assert not set(train_world.entities) & set(eval_world.entities)
-
-
-def test_synth_answers_are_stated_in_or_derivable_from_context(synth):
-    for row in synth["train"] + synth["eval"]:
-        context, answer = context_of(row), data.answer_span(row["solution"])
-        if row["task"] == "multi_hop":
-            first, second = row["relation"].split(">")
-            person, bridge = row["entities"]
-            assert data.fact_sentence(person, first, bridge) in context
-            assert data.fact_sentence(bridge, second, answer) in context
-        elif row["task"] == "inconsistent":
-            passages = context.split("\n")
-            assert len(passages) in (2, 3)
-            trusted = int(re.match(r"According to passage (\d), ", row["problem"].split("\n\n")[1]).group(1))
-            [subject] = row["entities"]
-            statement = data.fact_sentence(subject, row["relation"], answer)
-            holders = [i for i, p in enumerate(passages, start=1) if statement in p]
-            assert holders == [trusted]
-            assert all(p.startswith(f"Passage {i}: ") and subject in p for i, p in enumerate(passages, start=1))
-        else:
-            [subject] = row["entities"]
-            assert data.fact_sentence(subject, row["relation"], answer) in context
-
-
-def test_synth_counterfactual_answers_contradict_the_real_world(synth):
-    rows = [r for r in synth["train"] + synth["eval"] if r["task"] == "counterfactual"]
-    assert {r["relation"] for r in rows} <= set(data.REAL_WORLD_RELATIONS)
-    for row in rows:
-        [subject] = row["entities"]
-        real = data.world_fact(row["relation"], subject)
-        answer = data.answer_span(row["solution"])
-        assert real is not None and answer != real
-        assert data.fact_sentence(subject, row["relation"], real) not in context_of(row)
-
-
-def test_synth_straightforward_real_facts_match_the_fact_table(synth):
-    for row in synth["train"]:
-        if row["task"] == "straightforward" and row["relation"] in data.REAL_WORLD_RELATIONS:
-            assert data.answer_span(row["solution"]) == data.world_fact(row["relation"], row["entities"][0])
-
-
-def test_fact_tables_are_unambiguous():
-    cities = [capital for capital, _, _ in facts.COUNTRIES.values()]
-    cities += [city for names in facts.CITIES.values() for city in names]
-    assert len(cities) == len(set(cities))  # "X is a city in K" has one true K
-    assert set(facts.CITIES) <= set(facts.COUNTRIES)
-    assert set(facts.MOONS.values()) <= set(facts.PLANETS)
-    tables = [set(facts.COUNTRIES), set(cities), set(facts.ELEMENTS), set(facts.BOOKS), set(facts.MOONS),
-              set(facts.COMPANIES), set(facts.FIRST_NAMES), set(facts.LAST_NAMES)]
-    names = [name for table in tables for name in table]
-    assert len(names) == len(set(names))  # no name is two kinds of entity
-    assert len(set(facts.ELEMENTS.values())) == len(facts.ELEMENTS)
-    assert sum(len(t) for t in tables[:6]) > 300
-
-
 def test_doctests():
     result = doctest.testmod(data)
     assert result.attempted > 0 and result.failed == 0
 
 
-def test_synth_is_deterministic_by_seed():
-    same_a, same_b = data.synthesize(40, seed=3), data.synthesize(40, seed=3)
-    assert same_a == same_b
-    assert data.synthesize(40, seed=4) != same_a
-
-
-def test_synth_prompts_fit_the_default_budget(synth, chat_tokenizer):
-    # The default run is a 135M model on a CPU with 256-token prompts: nothing should need dropping.
-    _, report = data.prepare_prompts(chat_tokenizer, synth["train"] + synth["eval"], 256, on_overflow="error")
-    assert report.max_tokens <= 256
-
-
-def test_synth_rejects_bad_sizes():
-    with pytest.raises(ValueError, match="at least 4"):
-        data.synthesize(3)
-    with pytest.raises(ValueError, match="eval_share"):
-        data.synthesize(10, eval_share=0)
-
-
-def test_check_command(synth, capsys, tmp_path):
-    assert data.main(["check", str(synth["out"] / "eval.jsonl")]) == 0
-    assert "60 rows (straightforward 15" in capsys.readouterr().out
+def test_task_counts_and_check_command(capsys, tmp_path):
+    rows = [{**GOOD, "task": "multi_hop"}, {**GOOD, "task": "straightforward"}, {**GOOD, "task": "other"}, GOOD]
+    assert data.task_counts(rows) == "straightforward 1, multi_hop 1, (no task) 1, other 1"  # paper's types first
+    path = write(tmp_path, "rows.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    assert data.main(["check", str(path)]) == 0
+    assert f"{path}: 4 rows (straightforward 1, multi_hop 1, (no task) 1, other 1)" in capsys.readouterr().out
     assert data.main(["check", str(write(tmp_path, "bad.jsonl", "x\n"))]) == 1
     assert ":1: not valid JSON" in capsys.readouterr().err

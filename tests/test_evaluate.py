@@ -75,6 +75,15 @@ def test_plot_writes_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
+def test_plot_draws_two_runs_in_one_picture(tmp_path):
+    for name, reward in (("default", 1.0), ("variant", 2.0)):
+        (tmp_path / name).mkdir()
+        lines = [{"step": s, "reward/total": reward, "loss/kl": 0.01, "time/step": 30.0} for s in range(1, 4)]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = plot.plot([tmp_path / "default", tmp_path / "variant"], tmp_path / "both.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_plot_rejects_a_missing_file(tmp_path):
     with pytest.raises(SystemExit, match="does not exist"):
         plot.plot(tmp_path, tmp_path / "x.png")

@@ -1,24 +1,20 @@
-"""Tests for grader.py and deadline.py: the text/math decision, R1 normalisation and sympy, the deadline pool.
+"""Tests for grader.py, r1_grader.py and deadline.py: the text/math decision, R1 normalisation and sympy, the
+deadline pool.
 
 Run: .venv/bin/python -m pytest tests/test_grader.py -q
 """
 
+import doctest
 import threading
 import time
 
 import pytest
 
 import grader
+import r1_grader
 from deadline import DeadlinePool, WorkerStartError
-from grader import (
-    MathGrader,
-    last_boxed,
-    needs_math_verify,
-    normalize_math_answer,
-    prepare_span,
-    reads_as_text,
-    sympy_equivalent,
-)
+from grader import MathGrader, needs_math_verify, prepare_span, reads_as_text
+from r1_grader import last_boxed, normalize_math_answer, sympy_equivalent
 
 DEADLINE_S = 1.0
 HANG = "10000000!"  # math-verify computes the factorial when comparing: a genuine hang (minutes)
@@ -229,7 +225,7 @@ def test_r1_pathological_sympy_is_cut_off(math_grader):
     math_grader.wait_ready()  # an earlier test killed a worker; its replacement may still be starting
     before = math_grader.timeouts
     start = time.monotonic()
-    assert not grader.r1_grade("(x+1)^{32}(y+1)^{32}(z+1)^{32}", "1", fast=True, grader=math_grader)
+    assert not r1_grader.r1_grade("(x+1)^{32}(y+1)^{32}(z+1)^{32}", "1", fast=True, grader=math_grader)
     assert time.monotonic() - start < DEADLINE_S + 0.5
     assert math_grader.timeouts == before + 1
 
@@ -290,7 +286,7 @@ def test_deadline_works_off_the_main_thread(math_grader):
 def test_workers_never_import_the_trainer_stack(math_grader):
     pytest.importorskip("torch")  # the trainer's process holds torch; its grading workers must not
     (outcome,) = math_grader._pool.run([("_modules", ())])
-    assert outcome.status == "ok" and "math_verify" in outcome.value
+    assert outcome.status == "ok" and {"math_verify", "grader", "r1_grader"} <= set(outcome.value)
     assert not {"torch", "vllm", "deepspeed", "__mp_main__"} & set(outcome.value)
 
 
@@ -314,3 +310,9 @@ def test_workers_that_cannot_start_raise():
             pool.run([("_sleep", (0.0,))])
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("module", [grader, r1_grader], ids=lambda m: m.__name__)
+def test_doctests(module):
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

@@ -240,15 +240,16 @@ def test_arguments_are_not_modified():
         assert torch.equal(original.detach(), copy)
 
 
-@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean"])
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
 def test_micro_batches_sum_to_the_full_batch(aggregation):
     logp, old, ref, A, mask = _random_batch(2)
     full_logp = logp.clone().requires_grad_()
-    full_loss, full_metrics = loss_fn(full_logp, old, ref, A, mask, aggregation=aggregation)
+    full_loss, full_metrics = loss_fn(full_logp, old, ref, A, mask, aggregation=aggregation, max_completion_tokens=8)
     full_loss.backward()
 
     # Uneven micro-batches (2, 1, 2 sequences) of uneven lengths; the denominators are the whole batch's.
-    totals = {"total_sequences": mask.shape[0], "total_tokens": int(mask.sum())}  # 5 sequences, 18 tokens
+    totals = {"total_sequences": mask.shape[0], "total_tokens": int(mask.sum()),  # 5 sequences, 18 tokens
+              "max_completion_tokens": 8}
     micro_logp = logp.clone().requires_grad_()
     micro_losses, micro_metrics = [], []
     for rows in (slice(0, 2), slice(2, 3), slice(3, 5)):
@@ -268,7 +269,8 @@ def test_micro_batches_sum_to_the_full_batch(aggregation):
     # Without the totals each micro-batch uses its own denominator and the sum is not the batch loss: the
     # contract above is what makes the split invisible.
     local_sum = sum(
-        loss_fn(logp[rows], old[rows], ref[rows], A[rows], mask[rows], aggregation=aggregation)[0]
+        loss_fn(logp[rows], old[rows], ref[rows], A[rows], mask[rows], aggregation=aggregation,
+                max_completion_tokens=8)[0]
         for rows in (slice(0, 2), slice(2, 3), slice(3, 5))
     )
     assert not torch.allclose(local_sum, full_loss.detach())
@@ -413,3 +415,143 @@ def test_token_logprobs_errors():
         token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.int32))
     with pytest.raises(ValueError, match="chunk_size"):
         token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), chunk_size=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The options beyond CANOE's defaults (Dr. GRPO, DAPO, GSPO, truncated importance sampling)
+
+
+def test_group_advantages_without_std_dr_grpo():
+    rewards = torch.tensor([0.0, 2.0, 2.0, 4.0, 3.0, 3.0, 3.0, 3.0])  # B = 2, G = 4
+    # Group 0: mean 2 -> A = r - 2 = (-2, 0, 0, 2), no division. Group 1: all equal -> 0.
+    assert_close(group_advantages(rewards, 4, std="none"), torch.tensor([-2.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0]))
+    # G = 3, rewards (1, 2, 4): mean 7/3 -> (-4/3, -1/3, 5/3)
+    assert_close(group_advantages(torch.tensor([1.0, 2.0, 4.0]), 3, std="none"),
+                 torch.tensor([-4 / 3, -1 / 3, 5 / 3]))
+
+
+def test_zero_variance_groups_and_trained_sequences():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 2.0, 3.0, 3.0])  # B = 3, G = 2: groups 0 and 2 have equal rewards
+    truncated = torch.tensor([False, True, True, False, False, False])
+    assert torch.equal(grpo_loss.zero_variance_groups(rewards, 2), torch.tensor([True, False, True]))
+    everything = grpo_loss.trained_sequences(rewards, 2, truncated)
+    assert torch.equal(everything, torch.ones(6, dtype=torch.bool))
+    # DAPO overlong filtering: the truncated completions 1 and 2 leave the loss
+    assert torch.equal(grpo_loss.trained_sequences(rewards, 2, truncated, mask_truncated=True),
+                       torch.tensor([True, False, False, True, True, True]))
+    # zero-variance groups 0 and 2 leave the loss, all of their members
+    assert torch.equal(grpo_loss.trained_sequences(rewards, 2, truncated, skip_zero_variance_groups=True),
+                       torch.tensor([False, False, True, True, False, False]))
+    # both: only sequence 3 is left
+    assert torch.equal(grpo_loss.trained_sequences(rewards, 2, truncated, mask_truncated=True,
+                                                   skip_zero_variance_groups=True),
+                       torch.tensor([False, False, False, True, False, False]))
+
+
+def test_second_update_of_a_rollout_ratio_and_clip_act():
+    # μ = 2: the second pass sees a policy that already moved, so logp ≠ logp_old. Two sequences of two tokens,
+    # A = (+1, -1), β = 0, ε = 0.2 -> ρ is clipped to [0.8, 1.2].
+    old = torch.log(torch.tensor([[0.5, 0.5], [0.4, 0.5]]))
+    new = torch.log(torch.tensor([[0.65, 0.55], [0.3, 0.55]])).requires_grad_()
+    A = torch.tensor([1.0, -1.0])
+    loss, metrics = loss_fn(new, old, None, A, torch.ones(2, 2), beta=0.0)
+    # ρ = new / old = [[1.3, 1.1], [0.75, 1.1]]
+    #   seq 0 (A = +1): min(1.3, 1.2) = 1.2 (clipped, no gradient); min(1.1, 1.1) = 1.1 (gradient ρA = 1.1)
+    #   seq 1 (A = -1): min(-0.75, -0.8) = -0.8 (clipped, no gradient); min(-1.1, -1.1) = -1.1 (gradient -1.1)
+    # seq-mean-token-mean: loss = -((1.2 + 1.1) / 2 + (-0.8 - 1.1) / 2) / 2 = -(1.15 - 0.95) / 2 = -0.1
+    # d loss / d logp = -ρA / (2 tokens · 2 sequences) on unclipped tokens: -1.1 / 4 = -0.275 and 1.1 / 4 = 0.275
+    assert_close(loss, torch.tensor(-0.1))
+    assert_close(_grad(loss, new), torch.tensor([[0.0, -0.275], [0.0, 0.275]]))
+    summary = summarize_metrics(metrics)
+    assert_close(summary["loss/clip_frac"], 0.5)  # 2 of 4 tokens clipped
+    assert_close(summary["loss/ratio_mean"], (1.3 + 1.1 + 0.75 + 1.1) / 4)
+    assert_close(summary["loss/ratio_min"], 0.75)
+    assert_close(summary["loss/ratio_max"], 1.3)
+
+
+def test_clip_higher_dapo():
+    # One token, A = +1, ρ = 1.25 (logp_old = log 0.4, logp = log 0.5), β = 0.
+    old = torch.log(torch.tensor([[0.4]]))
+    new = torch.log(torch.tensor([[0.5]])).requires_grad_()
+    A, mask = torch.tensor([1.0]), torch.ones(1, 1)
+    # ε_high = 0.2: min(1.25, 1.2) = 1.2, clipped -> loss -1.2, gradient 0, clip fraction 1
+    loss, metrics = loss_fn(new, old, None, A, mask, beta=0.0, clip_eps_high=0.2)
+    assert_close(loss, torch.tensor(-1.2))
+    assert_close(_grad(loss, new), torch.tensor([[0.0]]))
+    assert_close(summarize_metrics(metrics)["loss/clip_frac"], 1.0)
+    # ε_high = 0.28: 1.25 < 1.28, not clipped -> loss -1.25, gradient -ρA = -1.25, clip fraction 0
+    loss, metrics = loss_fn(new, old, None, A, mask, beta=0.0, clip_eps_high=0.28)
+    assert_close(loss, torch.tensor(-1.25))
+    assert_close(_grad(loss, new), torch.tensor([[-1.25]]))
+    assert_close(summarize_metrics(metrics)["loss/clip_frac"], 0.0)
+
+
+def test_constant_normaliser_dr_grpo():
+    # Two sequences of 1 and 3 trained tokens (T = 3), on-policy (ρ = 1), β = 0, A = (2, -1).
+    logp = torch.full((2, 3), -1.0, requires_grad=True)
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    A = torch.tensor([2.0, -1.0])
+    loss, _ = loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, aggregation="seq-mean-token-sum-norm",
+                      max_completion_tokens=4)
+    # token losses -A: seq 0 one token of -2, seq 1 three tokens of +1 -> sum = -2 + 3 = 1
+    # divided by N · L_max = 2 · 4 = 8 -> 0.125; every trained token's gradient is -A / 8
+    assert_close(loss, torch.tensor(0.125))
+    assert_close(_grad(loss, logp), torch.tensor([[-0.25, 0.0, 0.0], [0.125, 0.125, 0.125]]))
+    # the same batch under seq-mean-token-mean: (-2 / 1 + 3 / 3) / 2 = -0.5, the long sequence weighs less per token
+    loss, _ = loss_fn(logp, logp.detach(), None, A, mask, beta=0.0)
+    assert_close(loss, torch.tensor(-0.5))
+    with pytest.raises(ValueError, match="max_completion_tokens"):
+        loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, aggregation="seq-mean-token-sum-norm")
+
+
+def test_sequence_level_ratio_gspo():
+    # One sequence of two tokens with token ratios 1.44 and 1.0 (logp_old = log 0.5): geometric mean
+    # s = sqrt(1.44 · 1.0) = 1.2. A = +1, β = 0.
+    old = torch.log(torch.tensor([[0.5, 0.5]]))
+    new = torch.log(torch.tensor([[0.72, 0.5]])).requires_grad_()
+    A, mask = torch.tensor([1.0]), torch.ones(1, 2)
+    loss, metrics = loss_fn(new, old, None, A, mask, beta=0.0, ratio_level="sequence", clip_eps_high=0.3)
+    # every token uses s = 1.2 (inside [0.8, 1.3]): loss = -(1.2 + 1.2) / 2 = -1.2
+    # s = exp((Δ_1 + Δ_2) / 2), so d s / d logp_t = s / 2, and d loss / d logp_t = -(1/2)(s/2 + s/2) = -s/2 = -0.6
+    assert_close(loss, torch.tensor(-1.2))
+    assert_close(_grad(loss, new), torch.tensor([[-0.6, -0.6]]))
+    summary = summarize_metrics(metrics)
+    assert_close(summary["loss/ratio_min"], 1.2)
+    assert_close(summary["loss/ratio_max"], 1.2)
+    # with ε_high = 0.1 it is clipped for both tokens: loss -1.1, no gradient
+    loss, metrics = loss_fn(new, old, None, A, mask, beta=0.0, ratio_level="sequence", clip_eps_high=0.1)
+    assert_close(loss, torch.tensor(-1.1))
+    assert_close(_grad(loss, new), torch.tensor([[0.0, 0.0]]))
+    assert_close(summarize_metrics(metrics)["loss/clip_frac"], 1.0)
+    # token level, for contrast: ratios 1.44 (clipped at 1.3) and 1.0 -> loss -(1.3 + 1.0) / 2 = -1.15
+    loss, _ = loss_fn(new, old, None, A, mask, beta=0.0, clip_eps_high=0.3)
+    assert_close(loss, torch.tensor(-1.15))
+
+
+def test_truncated_importance_sampling():
+    # Three tokens of one sequence, on-policy for the trainer (ρ = 1), A = +1, β = 0.1 with ref = logp (KL 0).
+    # vLLM's log-probabilities differ: π_old / π_vllm = 0.5 / 0.4 = 1.25, 0.5 / 0.5 = 1, 0.6 / 0.2 = 3.
+    logp = torch.log(torch.tensor([[0.5, 0.5, 0.6]])).requires_grad_()
+    sampler = torch.log(torch.tensor([[0.4, 0.5, 0.2]]))
+    A, mask = torch.tensor([1.0]), torch.ones(1, 3)
+    loss, metrics = loss_fn(logp, logp.detach(), logp.detach(), A, mask, beta=0.1, sampler_logprobs=sampler,
+                            importance_cap=2.0)
+    # w = min(ratio, 2) = (1.25, 1, 2); token loss -w · ρA = -w; mean over 3 tokens = -(1.25 + 1 + 2) / 3
+    assert_close(loss, torch.tensor(-(1.25 + 1 + 2) / 3))
+    # gradient of -w ρ A / 3 is -w / 3 (w is a constant); the KL term adds 0 at logp = ref
+    assert_close(_grad(loss, logp), torch.tensor([[-1.25 / 3, -1 / 3, -2 / 3]]))
+    summary = summarize_metrics(metrics)
+    assert_close(summary["loss/importance_mean"], (1.25 + 1 + 2) / 3)
+    assert_close(summary["loss/importance_capped_frac"], 1 / 3)  # the third token, 3 > 2
+    # off (C = 0): every weight is 1 and nothing is capped, even with sampler_logprobs given
+    loss, metrics = loss_fn(logp, logp.detach(), logp.detach(), A, mask, beta=0.1, sampler_logprobs=sampler)
+    assert_close(loss, torch.tensor(-1.0))
+    assert summarize_metrics(metrics)["loss/importance_mean"] == 1.0
+    assert summarize_metrics(metrics)["loss/importance_capped_frac"] == 0.0
+    # the KL term is not weighted: ref ≠ logp at the first token only, ref = log 0.25, logp = log 0.5:
+    #   D = exp(ref - logp) - (ref - logp) - 1 = 0.5 + ln 2 - 1; its loss share β D / 3 is the same with or without w
+    ref = torch.log(torch.tensor([[0.25, 0.5, 0.6]]))
+    with_kl, _ = loss_fn(logp, logp.detach(), ref, A, mask, beta=0.1, sampler_logprobs=sampler, importance_cap=2.0)
+    assert_close(with_kl, torch.tensor(-(1.25 + 1 + 2) / 3 + 0.1 * (0.5 + LN2 - 1) / 3))
+    with pytest.raises(ValueError, match="importance_cap"):
+        loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, importance_cap=2.0)  # no sampler log-probabilities

@@ -1,4 +1,4 @@
-"""Tests for rewards.py: every worked case in shared/cases, our own cases, hostile input, the debug log.
+"""Tests for rewards.py: every worked case in tests/cases, our own cases, malformed and hostile input, the debug log.
 
 Run: .venv/bin/python -m pytest tests/test_rewards.py -q
 """
@@ -6,6 +6,7 @@ Run: .venv/bin/python -m pytest tests/test_rewards.py -q
 import json
 import re
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from rewards import (
     r1_zero_reward_fn,
 )
 
-CASES_DIR = Path(__file__).resolve().parents[2] / "shared" / "cases"
+CASES_DIR = Path(__file__).resolve().parent / "cases"
 CANOE_CASES = json.loads((CASES_DIR / "canoe_reward_cases.json").read_text())
 R1_CASES = json.loads((CASES_DIR / "r1_zero_cases.json").read_text())
 DEADLINE_S = 1.0
@@ -178,33 +179,101 @@ def test_length_extra(long_answer, problem, expected):
     assert len_reward([chat(tagged("a", long_answer=long_answer))], [problem]) == [expected]
 
 
-def test_registry():
-    assert set(REWARD_FUNCS) == {"accuracy", "format", "influence", "length"}
-    assert REWARD_FUNCS["length"] is len_reward
+CANOE_REWARDS = {"accuracy": accuracy_reward, "format": format_reward, "influence": influence_reward,
+                 "length": len_reward}
+
+
+def test_registry_holds_the_four_canoe_rewards():
+    # other rewards may be registered beside them (README, "Adding a reward"); these four must be there as they are
+    for name, fn in CANOE_REWARDS.items():
+        assert REWARD_FUNCS[name] is fn
+
+
+def test_readme_reward_example_works_appended_to_rewards():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Adding a reward", 1)[1]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace = {**vars(rewards), "REWARD_FUNCS": dict(REWARD_FUNCS)}  # as if appended, without touching the registry
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    brevity = namespace["REWARD_FUNCS"]["brevity"]
+    texts = ["<answer>Paris</answer>", "<answer>one two three four five six</answer>", None]
+    assert brevity([chat(t) for t in texts], solution=["x"] * 3) == [1.0, 0.0, 1.0]
 
 
 def test_trainer_kwargs_are_accepted(math_grader, tmp_path):
-    # the trainer passes grader= and log_dir= (and dataset columns) to every reward
+    # the trainer passes grader=, log_dir= and every dataset column to every reward
     common = dict(grader=math_grader, log_dir=str(tmp_path), solution=["<answer>1</answer>"],
                   problem=["<context>" + "x" * 10 + "</context>"], completions_long_answer=[None], extra_column=[1])
-    for fn in REWARD_FUNCS.values():
-        assert fn([chat(tagged("1"))], **common) in ([0.0], [1.0])
+    completion = chat(tagged("1", long_answer="lllll"))  # 5 characters: between 20% and 80% of the 10 of the context
+    expected = {"accuracy": [1.0], "format": [1.0], "influence": [0.0], "length": [1.0]}  # influence: no stage 2
+    assert {name: fn([completion], **common) for name, fn in CANOE_REWARDS.items()} == expected
 
 
-def test_length_mismatch_pads_and_counts(math_grader):
-    before = REWARD_ISSUES["accuracy/malformed"]
-    assert accuracy_reward([chat("1"), chat("2")], ["1"], grader=math_grader) == [1.0, 0.0]
-    assert REWARD_ISSUES["accuracy/malformed"] == before + 1
+def issues_added(before: Counter) -> dict:
+    return dict(REWARD_ISSUES - before)
 
 
-def test_unexpected_error_is_counted_not_raised():
+@pytest.mark.parametrize(
+    "name, args, expected, issues",
+    [
+        # not a list at all: nothing to score, counted once
+        ("accuracy", (None, ["1"]), [], {"accuracy/malformed": 1}),
+        ("format", ("a string",), [], {"format/malformed": 1}),
+        ("influence", (42, ["1"], [None]), [], {"influence/malformed": 1}),
+        ("length", ({"content": "x"}, ["<context>x</context>"]), [], {"length/malformed": 1}),
+        # malformed entries score 0 and are counted once per batch; the well-formed one is scored
+        ("format", ([chat(tagged("c")), None, [{"content": 42}], []],), [1.0, 0.0, 0.0, 0.0], {"format/malformed": 1}),
+        ("length", ([chat(tagged("a", long_answer="y" * 50)), chat(None)], [CONTEXT_100] * 2), [1.0, 0.0],
+         {"length/malformed": 1}),
+        # a malformed completion and a short solution column: two problems, each counted
+        ("accuracy", ([chat("1"), "bare", chat("2")], ["1", "2"]), [1.0, 0.0, 0.0], {"accuracy/malformed": 2}),
+        # a column of the wrong length is padded with None (0.0) and counted
+        ("length", ([chat(tagged("a", long_answer="y" * 50))] * 2, None), [0.0, 0.0], {"length/malformed": 1}),
+        # influence counts each malformed stage-2 completion (None is no stage 2, not malformed) and a short column
+        ("influence", ([chat("x")] * 4, ["<answer>1</answer>"] * 4,
+                       [None, chat("<answer>1</answer>"), "text", chat(None)]), [0.0, 1.0, 0.0, 0.0],
+         {"influence/malformed": 2}),
+        ("influence", ([chat("x")] * 2, ["<answer>1</answer>"] * 2, [chat("<answer>1</answer>")]), [1.0, 0.0],
+         {"influence/malformed": 1}),
+        # missing tags are ordinary wrong answers: 0.0, not counted
+        ("length", ([chat("no tags")], [CONTEXT_100]), [0.0], {}),
+        ("format", ([chat("<think>a</think><answer>c</answer>")],), [0.0], {}),
+    ],
+)
+def test_malformed_inputs_score_zero_and_are_counted(name, args, expected, issues, math_grader):
+    before = Counter(REWARD_ISSUES)
+    kwargs = {"grader": math_grader} if name == "accuracy" else {}
+    assert CANOE_REWARDS[name](*args, **kwargs) == expected
+    assert issues_added(before) == issues
+
+
+def test_a_bug_in_a_reward_propagates():
     class BrokenGrader:
         def equivalent_batch(self, golds, preds):
-            raise ValueError("bug")
+            raise ValueError("bug in the grader")
 
-    before = REWARD_ISSUES["accuracy/error"]
-    assert accuracy_reward([chat("1"), chat("2")], ["1", "2"], grader=BrokenGrader()) == [0.0, 0.0]
-    assert REWARD_ISSUES["accuracy/error"] == before + 1
+    before = Counter(REWARD_ISSUES)
+    with pytest.raises(ValueError, match="bug in the grader"):
+        accuracy_reward([chat("1"), chat("2")], ["1", "2"], grader=BrokenGrader())
+    assert issues_added(before) == {}  # a bug is not a malformed input: nothing counted, nothing scored
+
+
+def test_a_bug_in_a_helper_propagates(monkeypatch):
+    def broken(text, tag):
+        raise RuntimeError("bug in tag_content")
+
+    monkeypatch.setattr(rewards, "tag_content", broken)
+    with pytest.raises(RuntimeError, match="bug in tag_content"):
+        len_reward([chat(tagged("a"))], ["<context>x</context>"])
+
+
+def test_a_registered_reward_that_raises_propagates(monkeypatch):
+    def crashing_reward(completions, **kwargs):
+        return [1.0 / len(c[0]["content"]) for c in completions]  # ZeroDivisionError on an empty text
+
+    monkeypatch.setitem(REWARD_FUNCS, "crashing", crashing_reward)
+    with pytest.raises(ZeroDivisionError):
+        REWARD_FUNCS["crashing"]([chat("")])
 
 
 def test_r1_ground_truth_types(math_grader):
@@ -275,7 +344,7 @@ def hostile_entries():
 def test_hostile_inputs_give_zero_and_never_raise(math_grader):
     entries = hostile_entries()
     n = len(entries)
-    errors_before = sum(v for k, v in REWARD_ISSUES.items() if k.endswith("/error"))
+    before = Counter(REWARD_ISSUES)
     start = time.monotonic()
     results = {
         "accuracy": accuracy_reward(entries, ["<answer>1</answer>"] * n, grader=math_grader),
@@ -293,9 +362,13 @@ def test_hostile_inputs_give_zero_and_never_raise(math_grader):
     assert results["format"] == [1.0 if i == well_formed else 0.0 for i in range(n)]
     assert results["accuracy"] == [1.0 if i in (well_formed, padded) else 0.0 for i in range(n)]
     assert results["accuracy_bad_solution"] == [0.0] * n
-    assert sum(v for k, v in REWARD_ISSUES.items() if k.endswith("/error")) == errors_before  # none unexpected
     for name in ("accuracy", "format", "influence", "length"):
         assert REWARD_FUNCS[name](None, solution=None, completions_long_answer=None, problem=None) == []
+    # Counted, exactly: once per batch holding a malformed completion (accuracy twice, format, length), once per
+    # malformed stage-2 entry (the 6 broken shapes after the leading None, which means "no stage 2", and the 5
+    # non-string texts of HOSTILE_TEXTS), and once per None batch.
+    assert issues_added(before) == {"accuracy/malformed": 2 + 1, "format/malformed": 1 + 1,
+                                    "influence/malformed": 6 + 5 + 1, "length/malformed": 1 + 1}
 
 
 def test_hostile_r1_inputs(math_grader):
@@ -324,7 +397,7 @@ def test_property_rewards_never_raise_nor_overrun(math_grader, samples):
     completions = [chat(text) for text, _ in samples]
     solutions = [gold for _, gold in samples]
     n = len(samples)
-    errors_before = sum(v for k, v in REWARD_ISSUES.items() if k.endswith("/error"))
+    before = Counter(REWARD_ISSUES)
     grader_errors_before = math_grader.errors
     start = time.monotonic()
     for name, fn in REWARD_FUNCS.items():
@@ -334,7 +407,7 @@ def test_property_rewards_never_raise_nor_overrun(math_grader, samples):
     # each math pair runs under the deadline; a killed worker's replacement may add its start-up once
     assert time.monotonic() - start < n * (DEADLINE_S + 0.5) + 3.0
     assert math_grader.slowest_s < DEADLINE_S + 0.5
-    assert sum(v for k, v in REWARD_ISSUES.items() if k.endswith("/error")) == errors_before  # nothing unforeseen
+    assert issues_added(before) == {}  # every input here is in the documented shape
     gold, pred = samples[0]
     result = r1_zero_reward_fn(f"<think>r</think> <answer>{pred}</answer>", gold, fast=False, grader=math_grader)
     assert set(result.values()) <= {0.0, 1.0}

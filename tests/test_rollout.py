@@ -12,16 +12,15 @@ import torch
 import rollout
 from rollout import Completion, WeightSyncError, check_sync, extract_long_answer, substitute_context
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED_CASES = ROOT.parent / "shared" / "cases" / "canoe_reward_cases.json"  # ../shared beside the checkout
+CASES = Path(__file__).resolve().parent / "cases" / "canoe_reward_cases.json"
 
 
 def load_cases() -> list[dict]:
-    return [c for c in json.loads(SHARED_CASES.read_text()) if c["fn"] == "substitute_context"]
+    return [c for c in json.loads(CASES.read_text()) if c["fn"] == "substitute_context"]
 
 
 @pytest.mark.parametrize("case", load_cases(), ids=lambda c: c["id"])
-def test_substitute_context_shared_cases(case):
+def test_substitute_context_worked_cases(case):
     assert substitute_context(case["problem"], case["long_answer"]) == case["expected"]
 
 

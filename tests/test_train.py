@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -40,23 +42,25 @@ def smoke_data(tmp_path_factory) -> Path:
 
 
 def write_config(tmp_path: Path, data: Path, **overrides) -> Path:
-    settings = {"train_file": str(data), "output_dir": str(tmp_path / "run"), **overrides}
-    lines = (ROOT / "recipes" / "smoke.toml").read_text().splitlines()
-    kept = [line for line in lines if line.split("=")[0].strip() not in settings]
-    kept += [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
+    """The smoke recipe with `overrides`, written back as TOML (plain keys first, then tables such as [rewards])."""
+    settings = {**tomllib.loads((ROOT / "recipes" / "smoke.toml").read_text()),
+                "train_file": str(data), "output_dir": str(tmp_path / "run"), **overrides}
+    plain = [f"{key} = {json.dumps(value)}" for key, value in settings.items() if not isinstance(value, dict)]
+    tables = [f"[{key}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in value.items())
+              for key, value in settings.items() if isinstance(value, dict)]
     path = tmp_path / "config.toml"
-    path.write_text("\n".join(kept) + "\n")
+    path.write_text("\n".join(plain) + "\n" + "".join(tables))
     return path
 
 
-def launch(config: Path, ranks: int = 1, *args: str, fault: str | None = None, expect_ok: bool = True):
+def launch(config: Path, ranks: int = 1, *args: str, fault: str | None = None, expect_ok: bool = True,
+           root: Path = ROOT):
+    """`deepspeed canoe.py --config config` (with `fault`: tests/faults.py, which patches that fault in)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("CANOE_FAULT", None)
-    if fault:
-        env["CANOE_FAULT"] = fault
+    script = [str(root / "canoe.py")] if fault is None else [str(ROOT / "tests" / "faults.py"), "--fault", fault]
     command = [str(ROOT / ".venv" / "bin" / "deepspeed"), "--num_gpus", str(ranks),
-               "--master_port", str(29600 + os.getpid() % 200), str(ROOT / "canoe.py"), "--config", str(config), *args]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+               "--master_port", str(29600 + os.getpid() % 200), *script, "--config", str(config), *args]
+    result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     if expect_ok and result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}")
     return result
@@ -178,3 +182,51 @@ def test_nonfinite_loss_skips_steps_then_stops(tmp_path, smoke_data):
     assert "2 steps in a row had a non-finite loss" in result.stdout + result.stderr
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["train/bad_steps_total"] for m in metrics] == [1]  # the second bad step stops before logging
+
+
+def test_several_updates_per_rollout_make_the_ratio_and_the_importance_weights_act(tmp_path, smoke_data):
+    # μ = 2: the second pass trains a policy that already moved, so π_θ / π_old leaves 1 and the clip can act;
+    # importance_cap = 2 weights each token by min(π_old / π_vLLM, 2)
+    config = write_config(tmp_path, smoke_data, max_steps=2, num_iterations=2, importance_cap=2.0)
+    launch(config, 1)
+    check_run(tmp_path / "run", 2, tolerance=1e-3)
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert any(m["reward/total_std"] > 0 for m in metrics), "no group had rewards that differ"
+    assert any(m["loss/ratio_min"] < 1 or m["loss/ratio_max"] > 1 for m in metrics)
+    for m in metrics:
+        # float32 sampling and scoring agree to ~1e-5 nats here, so the weights are 1 to that precision
+        assert m["loss/importance_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert m["loss/importance_capped_frac"] == 0.0
+    # two optimizer steps per training step: the scheduler counted both (constant lr, so the lr is unchanged)
+    assert metrics[-1]["train/lr"] == pytest.approx(1e-3)
+
+
+def readme_reward_example() -> str:
+    """The code block of the README's "Adding a reward" section, as a user would copy it."""
+    section = (ROOT / "README.md").read_text().split("## Adding a reward", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readmes_reward_example_trains_and_is_logged(tmp_path, smoke_data):
+    # a fork: the repository's modules with the README's example appended, as it stands, to rewards.py
+    fork = tmp_path / "fork"
+    fork.mkdir()
+    for path in ROOT.glob("*.py"):
+        shutil.copy(path, fork / path.name)
+    with open(fork / "rewards.py", "a") as f:
+        f.write("\n\n" + readme_reward_example())
+    config = write_config(tmp_path, smoke_data, max_steps=1, model=str(SMOKE_MODEL),
+                          rewards={"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0, "brevity": 0.5})
+    launch(config, 1, root=fork)
+    (metrics,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert 0.0 <= metrics["reward/brevity"] <= 1.0
+    samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    # the total is the weighted sum: the four 0/1 rewards plus half the brevity reward, per sample
+    assert all(s["reward"] * 2 == int(s["reward"] * 2) for s in samples)
+
+
+def test_time_budget_ends_the_run_with_a_checkpoint(tmp_path, smoke_data):
+    config = write_config(tmp_path, smoke_data, max_steps=3, max_minutes=0.001)  # spent after the first step
+    launch(config, 1)
+    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000001"

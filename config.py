@@ -1,0 +1,228 @@
+"""The run's settings: `config.toml` (stdlib tomllib) into a frozen dataclass whose fields carry their meaning.
+
+    python canoe.py --describe-config     # every key, its default and what it means
+
+Unknown keys, wrong types and values out of range are errors that name the key (and suggest the closest known
+key). Rewards and their weights are one table, so adding a reward is one line of config:
+
+    [rewards]
+    accuracy = 1.0
+    format = 1.0
+    influence = 1.0
+    length = 1.0
+
+The loss options beside CANOE's defaults (Dr. GRPO, DAPO, GSPO, truncated importance sampling) are documented in
+grpo_loss.py and listed in the README; every default is the original CANOE run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from data import SYSTEM_PROMPT
+from grpo_loss import ADVANTAGE_STDS, AGGREGATIONS, RATIO_LEVELS
+from rewards import REWARD_FUNCS
+
+CANOE_REWARDS = {"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0}
+
+
+def _key(default: Any, help: str) -> Any:
+    if isinstance(default, (list, dict)):  # mutable defaults: a fresh copy per Config
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of a run. `config.toml` sets any subset; unknown keys and wrong types are errors."""
+
+    # --- model
+    model: str = _key("models/SmolLM2-135M-Instruct", "policy to train: a Hugging Face model folder")
+    dtype: str = _key("auto", "auto (bfloat16 on a GPU that has it, else float32), float32 or bfloat16")
+    gradient_checkpointing: bool = _key(False, "recompute activations in backward to save memory")
+    # --- data
+    train_file: str = _key("data/synth/train.jsonl", "training JSONL: problem, solution, extra fields")
+    eval_file: str = _key("data/synth/eval.jsonl", "evaluation JSONL (or ConFiQA-style JSON) for --eval")
+    max_prompt_tokens: int = _key(1024, "prompts longer than this (with the chat template) are handled by on_long_prompt")
+    on_long_prompt: str = _key("drop", "drop (remove and report their ids) or error")
+    system_prompt: str = _key("", "system prompt; empty = data.SYSTEM_PROMPT (CANOE's, docs/DESIGN.md)")
+    response_prefix: str = _key("", "text that opens every answer, e.g. \"<think>\" (R1-Zero's prompt end)")
+    # --- rollout
+    num_generations: int = _key(7, "G, samples per prompt in stage 1 (the group of the advantage)")
+    max_completion_tokens: int = _key(1024, "max new tokens per completion, stage 1 and stage 2")
+    temperature: float = _key(0.9, "sampling temperature, stage 1 and stage 2")
+    top_p: float = _key(1.0, "nucleus sampling, stage 1 and stage 2")
+    dual: bool = _key(True, "run stage 2 (CANOE's do_long_answer); without it influence is always 0")
+    vllm_gpu_memory_utilization: float = _key(0.7, "share of GPU memory vLLM may take (GPU only)")
+    vllm_cpu_kv_cache_gib: float = _key(1.0, "vLLM KV cache size on a CPU, GiB")
+    vllm_sleep: bool = _key(True, "release vLLM's memory during training where the platform supports it (CUDA)")
+    sync_tolerance: float = _key(1e-3, "max |logprob difference| between vLLM and trainer after a push")
+    # --- rewards
+    rewards: dict = _key(CANOE_REWARDS, "[rewards] table: name in rewards.REWARD_FUNCS = weight; the total is the weighted sum")
+    reward_workers: int = _key(2, "processes grading math answers in parallel")
+    reward_deadline_s: float = _key(1.0, "hard per-sample deadline of symbolic grading (then string match)")
+    # --- optimisation
+    prompts_per_device: int = _key(2, "prompts per micro-batch on each rank (each with G completions)")
+    gradient_accumulation_steps: int = _key(8, "micro-batches per optimizer step (one rollout per step)")
+    num_epochs: float = _key(2.0, "passes over the training prompts (used when max_steps is 0)")
+    max_steps: int = _key(0, "training steps (one rollout each; μ optimizer steps); 0 = derive from num_epochs")
+    max_minutes: float = _key(0.0, "stop after the step that ends this many minutes of training (0 = no limit)")
+    learning_rate: float = _key(1e-6, "peak learning rate (AdamW)")
+    lr_scheduler: str = _key("cosine", "cosine or constant, after linear warm-up")
+    warmup_ratio: float = _key(0.1, "share of the steps spent in linear warm-up")
+    weight_decay: float = _key(0.0, "AdamW weight decay")
+    adam_betas: list = _key([0.9, 0.999], "AdamW betas")
+    max_grad_norm: float = _key(1.0, "gradient clipping (global norm)")
+    zero_stage: int = _key(2, "DeepSpeed ZeRO stage: 2 or 3")
+    offload_optimizer: bool = _key(False, "keep optimizer state in CPU memory (DeepSpeed CPU Adam)")
+    # --- loss (grpo_loss.py; every default is the original CANOE run's)
+    beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
+    clip_eps_low: float = _key(0.2, "ε_low: the ratio is clipped below at 1 − ε_low")
+    clip_eps_high: float = _key(0.2, "ε_high: the ratio is clipped above at 1 + ε_high")
+    aggregation: str = _key("seq-mean-token-mean", "seq-mean-token-mean (the original), token-mean (DAPO) or "
+                            "seq-mean-token-sum-norm (Dr. GRPO: token sum / max_completion_tokens)")
+    advantage_eps: float = _key(1e-4, "eps in (r − mean) / (std + eps)")
+    advantage_std: str = _key("unbiased", "unbiased (the original), biased, or none: A = r − mean (Dr. GRPO)")
+    num_iterations: int = _key(1, "μ, updates per rollout (1 = the original); from the 2nd on, the ratio and clip act")
+    importance_cap: float = _key(0.0, "C of truncated importance sampling, min(π_old/π_vLLM, C) per token; 0 = off")
+    ratio_level: str = _key("token", "token (PPO/GRPO) or sequence: one ratio per completion, geometric mean (GSPO)")
+    mask_truncated: bool = _key(False, "completions cut off by max_completion_tokens get no loss (DAPO)")
+    skip_zero_variance_groups: bool = _key(False, "groups whose rewards are all equal are left out of the loss (DAPO)")
+    # --- run
+    output_dir: str = _key("runs/default", "run folder: config, metrics, samples, checkpoints")
+    seed: int = _key(42, "seed of data order, sampling and initialisation")
+    sample_every: int = _key(10, "write prompts and completions to samples.jsonl every N steps (0 = never)")
+    save_every: int = _key(50, "checkpoint every N steps (the last step is always saved; 0 = only the last)")
+    keep_checkpoints: int = _key(2, "how many checkpoints to keep")
+    max_bad_steps: int = _key(3, "stop after this many steps in a row with a non-finite loss")
+    tensorboard: bool = _key(False, "also log to TensorBoard (OUTPUT_DIR/tensorboard)")
+    wandb_project: str = _key("", "also log to this Weights & Biases project (needs `pip install wandb`)")
+
+    # Derived sizes (per rank): a step trains on prompts_per_step prompts in gradient_accumulation_steps micro-batches.
+    @property
+    def prompts_per_step(self) -> int:
+        return self.prompts_per_device * self.gradient_accumulation_steps
+
+    @property
+    def sequences_per_micro_batch(self) -> int:
+        return self.prompts_per_device * self.num_generations
+
+    def prompt_style(self) -> dict[str, str]:
+        """How every prompt is rendered (data.render_prompt's keywords), in training and evaluation alike."""
+        return {"system_prompt": self.system_prompt or SYSTEM_PROMPT, "response_prefix": self.response_prefix}
+
+
+CHOICES = {
+    "dtype": ("auto", "float32", "bfloat16"),
+    "on_long_prompt": ("drop", "error"),
+    "lr_scheduler": ("cosine", "constant"),
+    "zero_stage": (2, 3),
+    "aggregation": AGGREGATIONS,
+    "advantage_std": ADVANTAGE_STDS,
+    "ratio_level": RATIO_LEVELS,
+}
+
+
+class ConfigError(ValueError):
+    """A config file the run cannot use; the message names the key."""
+
+
+def load_config(path: str | Path) -> Config:
+    """Read a TOML file into a Config: unknown keys, wrong types and bad values are errors naming the key."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path} is not valid TOML: {error}") from None
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    values = {}
+    for key, value in raw.items():
+        if key in ("reward_funcs", "reward_weights"):
+            raise ConfigError(f"{path}: {key!r} was replaced by a [rewards] table that names each reward with its "
+                              f"weight; write instead:\n{_rewards_table(raw)}")
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=2, cutoff=0.75)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"{path}: unknown key {key!r}{hint}; `python canoe.py --describe-config` lists them")
+        values[key] = _checked(path, key, value, fields[key].type)
+    cfg = Config(**values)
+    _validate(path, cfg)
+    return cfg
+
+
+def _rewards_table(raw: dict[str, Any]) -> str:
+    """The [rewards] table equivalent to the old parallel lists reward_funcs / reward_weights."""
+    names = raw.get("reward_funcs", list(CANOE_REWARDS))
+    weights = raw.get("reward_weights", [1.0] * len(names))
+    return "\n".join(["[rewards]", *(f"{name} = {float(weight)}" for name, weight in zip(names, weights))])
+
+
+def _checked(path: Path, key: str, value: Any, annotation: str) -> Any:
+    expected = {"str": str, "int": int, "float": (int, float), "bool": bool, "list": list, "dict": dict}[annotation]
+    # bool is an int in Python; a TOML `true` for a number (or 1 for a flag) is a mistake worth naming.
+    if isinstance(value, bool) != (annotation == "bool") or not isinstance(value, expected):
+        raise ConfigError(f"{path}: key {key!r} must be {annotation}, got {type(value).__name__} {value!r}")
+    return float(value) if annotation == "float" else value
+
+
+def _validate(path: Path, cfg: Config) -> None:
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError(f"{path}: {key} = {getattr(cfg, key)!r}: {why}")
+
+    for key, allowed in CHOICES.items():
+        if getattr(cfg, key) not in allowed:
+            raise bad(key, f"must be one of {allowed}")
+    if cfg.num_generations < 2:
+        raise bad("num_generations", "GRPO needs at least 2 samples per prompt to compare them")
+    for key in ("prompts_per_device", "gradient_accumulation_steps", "num_iterations", "max_prompt_tokens", "max_completion_tokens",
+                "reward_workers", "keep_checkpoints", "max_bad_steps"):
+        if getattr(cfg, key) < 1:
+            raise bad(key, "must be at least 1")
+    for key in ("max_steps", "sample_every", "save_every", "beta", "weight_decay", "clip_eps_low", "clip_eps_high",
+                "advantage_eps", "num_epochs", "temperature", "importance_cap", "max_minutes"):
+        if getattr(cfg, key) < 0:
+            raise bad(key, "must not be negative")
+    if cfg.max_steps == 0 and cfg.num_epochs == 0:
+        raise bad("num_epochs", "with max_steps = 0 this must be positive")
+    if not 0 < cfg.learning_rate < 1:
+        raise bad("learning_rate", "must lie in (0, 1)")
+    if not 0 <= cfg.warmup_ratio < 1:
+        raise bad("warmup_ratio", "must lie in [0, 1)")
+    if not 0 < cfg.top_p <= 1:
+        raise bad("top_p", "must lie in (0, 1]")
+    unknown = [name for name in cfg.rewards if name not in REWARD_FUNCS]
+    if unknown or not cfg.rewards:
+        raise bad("rewards", f"unknown {unknown}; known: {sorted(REWARD_FUNCS)} (a new reward is registered in rewards.py)")
+    not_numbers = [name for name, w in cfg.rewards.items() if isinstance(w, bool) or not isinstance(w, (int, float))]
+    if not_numbers:
+        raise bad("rewards", f"the weight of {not_numbers} must be a number")
+    if len(cfg.adam_betas) != 2:
+        raise bad("adam_betas", "need two numbers")
+
+
+def describe_config() -> str:
+    lines = []
+    for f in dataclasses.fields(Config):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        lines.append(f"{f.name} = {json.dumps(default)}".ljust(52)
+                     + f"# {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+def describe_config() -> str:
+    """Every key with its default, written as TOML, and its meaning."""
+    lines = []
+    for f in dataclasses.fields(Config):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        value = ("{" + ", ".join(f"{k} = {v}" for k, v in default.items()) + "}" if isinstance(default, dict)
+                 else json.dumps(default))
+        lines.append(f"{f.name} = {value}".ljust(52) + f"# {f.metadata['help']}")
+    return "\n".join(lines)

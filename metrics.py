@@ -1,0 +1,153 @@
+"""What a training step reports: phase timing, the step's metrics, and rank 0's log files.
+
+`metrics.jsonl` gets one line per step (every key is documented in the README, "A run's outputs"):
+`reward/<name>` for each configured reward, `reward/total`, `loss/*` from grpo_loss.summarize_metrics (KL, clip
+fraction, ratios, importance weights), `completion/*`, `stage2/*`, `sync/*`, `train/*`, `time/<phase>` and
+`perf/tokens_per_s`. Values are averaged over ranks, except the loss metrics, which are already global.
+`samples.jsonl` gets the prompts, completions and stage-2 texts every `sample_every` steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.tensorboard import SummaryWriter
+
+from grpo_loss import METRIC_REDUCTIONS, merge_metrics, summarize_metrics
+from runtime import mean_over_ranks
+
+
+def timed(phase: str) -> Callable:
+    """Decorate a step phase `f(run, ...)`: its wall-clock seconds add up in `run.times[phase]`."""
+
+    def decorate(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def wrapper(run, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(run, *args, **kwargs)
+            finally:
+                run.times[phase] = run.times.get(phase, 0.0) + time.perf_counter() - start
+
+        return wrapper
+
+    return decorate
+
+
+@dataclass
+class Step:
+    """What one training step did, as canoe.train_step returns it (N = B·G completions of this rank)."""
+
+    rows: list[dict]  # the B prompts
+    completions: list  # N rollout.Completion
+    stage2: Any  # rollout.Stage2, N entries
+    rewards: torch.Tensor  # (N,) weighted totals
+    reward_means: dict[str, float]  # reward/<name>, reward/issues, reward/timeouts, faithfulness/em
+    kept: torch.Tensor  # (N,) bool, the sequences that entered the loss
+    losses: list[tuple[torch.Tensor, dict]]  # (loss, grpo_loss metrics) per micro-batch and pass
+    batches: list  # the micro-batches (for their token counts)
+    push_seconds: float
+    sync_diff: float  # max |vLLM − trainer| log-prob of the probe after the push
+    zero_variance: torch.Tensor  # (B,) bool, groups whose rewards were all equal
+
+
+GLOBAL_KEYS = {"loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
+               "loss/importance_mean", "loss/importance_capped_frac"}
+
+
+def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
+    """The step's metrics line: loss metrics reduced exactly over micro-batches and ranks, the rest averaged."""
+    # no losses: the step had no sequence to train on (all skipped); the loss metrics are then 0
+    totals = (merge_metrics(metrics for _, metrics in step.losses) if step.losses
+              else {key: torch.tensor(0.0) for key in METRIC_REDUCTIONS})
+    for key, value in totals.items():  # sums add over ranks, extremes take min/max
+        op = {"ratio_min": dist.ReduceOp.MIN, "ratio_max": dist.ReduceOp.MAX}.get(key, dist.ReduceOp.SUM)
+        dist.all_reduce(value, op=op)
+    completions, first_pass = step.completions, step.losses[: len(step.batches)]
+    lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
+    metrics = {
+        **step.reward_means,
+        "reward/total": float(step.rewards.mean()),
+        "reward/total_std": float(step.rewards.std()),
+        "loss/loss": sum(float(loss) for loss, _ in first_pass),
+        **summarize_metrics(totals),
+        "completion/length_mean": float(lengths.mean()),
+        "completion/length_max": float(lengths.max()),
+        "completion/truncated_frac": sum(c.finish_reason == "length" for c in completions) / len(completions),
+        "stage2/regenerated_frac": sum(c is not None for c in step.stage2.completions) / len(completions),
+        "stage2/too_long": step.stage2.too_long,
+        "train/zero_variance_groups": float(step.zero_variance.float().mean()),
+        "train/trained_frac": float(step.kept.float().mean()),
+        "sync/push_max_abs_diff": step.sync_diff,
+        "sync/push_seconds": step.push_seconds,
+        "train/lr": run.engine.get_lr()[0],
+        "train/grad_norm": float(run.engine.get_global_grad_norm() or 0.0),
+        "train/bad_steps_total": run.bad_steps_total,
+        **{f"time/{name}": value for name, value in run.times.items()},
+        "time/step": seconds,
+        "perf/tokens_per_s": float(lengths.sum()) / seconds,
+    }
+    if first_pass:  # measured where the trainer scored the sampled tokens
+        metrics["sync/vllm_trainer_gap"] = sum(m["vllm_gap"] for _, m in first_pass) / len(first_pass)
+    metrics = mean_over_ranks(metrics, keep=GLOBAL_KEYS)
+    metrics["step"] = run.step
+    return metrics
+
+
+class RunLog:
+    """Rank 0's outputs: metrics.jsonl every step, samples.jsonl every N steps, TensorBoard and wandb if enabled."""
+
+    def __init__(self, cfg, out: Path, enabled: bool) -> None:
+        self.enabled, self.out = enabled, out
+        self.tensorboard = self.wandb = None
+        if not enabled:
+            return
+        if cfg.tensorboard:
+            self.tensorboard = SummaryWriter(str(out / "tensorboard"))
+        if cfg.wandb_project:
+            try:
+                import wandb  # not in requirements.txt: imported only when a run asks for it
+            except ImportError:
+                raise SystemExit("error: wandb_project is set but wandb is not installed (pip install wandb)") from None
+            self.wandb = wandb.init(project=cfg.wandb_project, config=dataclasses.asdict(cfg), dir=str(out))
+
+    def metrics(self, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        step = int(metrics["step"])
+        if self.tensorboard:
+            for key, value in metrics.items():
+                self.tensorboard.add_scalar(key, value, step)
+            self.tensorboard.flush()
+        if self.wandb:
+            self.wandb.log(metrics, step=step)
+
+    def samples(self, step_number: int, step: Step, G: int) -> None:
+        if not self.enabled:
+            return
+        with open(self.out / "samples.jsonl", "a") as f:
+            for i, c in enumerate(step.completions):
+                row, stage2 = step.rows[i // G], step.stage2.completions[i]
+                f.write(json.dumps({
+                    "step": step_number, "problem": row["problem"], "solution": row["solution"], "completion": c.text,
+                    "stage2_problem": step.stage2.problems[i],
+                    "stage2_completion": None if stage2 is None else stage2.text,
+                    "reward": float(step.rewards[i]),
+                }) + "\n")
+
+    def close(self) -> None:
+        if self.tensorboard:
+            self.tensorboard.close()
+        if self.wandb:
+            self.wandb.finish()

@@ -1,0 +1,365 @@
+r"""R1-Zero grading: is a model's math answer equal to the ground truth? The grader behind `r1_zero_reward_fn`.
+
+The rules are those of understand-r1-zero's grader (Liu et al. 2025, "Understanding R1-Zero-Like Training",
+arXiv 2503.20783; its `r1_zero_reward_fn` calls `grade(model_answer, ground_truth, fast)`), written here from its
+description, not copied; docs/DESIGN.md, "The R1-Zero math reward", lists them:
+
+1. MATH-style normalisation (`normalize_math_answer`), compared as strings.
+2. Exact sympy equivalence built by our own small parser (`sympy_equivalent`: no `eval`, no numeric tolerance,
+   decimals are exact rationals, so integers never equal non-integers; tuples and intervals compare element-wise
+   with matching brackets).
+3. With fast=False, math-verify's own reading of both answers (`r1_latex_equal`).
+
+Steps 2 and 3 can take seconds on hostile input, so they run in `grader.MathGrader`'s worker processes under its
+deadline (`r1_worker_equal`, the job "r1" of `WORKER_JOBS`); `r1_grade` does step 1 in the caller's process and
+sends the rest there. This module is imported by those workers, so it must never import torch.
+
+Deliberate differences from the well-known implementation, which the worked cases (tests/cases/r1_zero_cases.json)
+mark as wrong: there `\sqrt[3]{2}` equals `\sqrt{2}` (the root's index is ignored) and `\frac{1+3}{2}` equals 2.5
+(the brackets are lost: 1+3/2); our parser keeps both. `\fbox` is read as a box like `\boxed` (worked case
+`fbox`), while `\mbox` is text, not math (worked case `mbox`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import sympy
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from grader import WARM_UP_PAIRS, MathGrader, default_grader, has_word, matching_brace, only_known_commands
+
+MAX_R1_CHARS = 1000  # longer answers are compared as stripped strings: normalising them is not linear-time
+
+# Unit words removed after a number, as the reference grader's unit list does ("5 apples" is 5). Dollars are
+# deliberately absent (worked case `units_dollars`): `\$` is the currency sign we drop.
+_UNIT_WORDS = (
+    "sq m|square meters?|square feet|cm|mm|km|m|meters?|metres?|centimeters?|kilometers?|inch(?:es)?|feet|foot|ft|"
+    "yards?|miles?|mph|kg|g|grams?|kilograms?|pounds?|lbs?|liters?|litres?|ml|seconds?|sec|s|minutes?|mins?|"
+    "hours?|hrs?|days?|weeks?|months?|years?|degrees?|deg|units?|apples?|people|students?|cents?"
+)
+_UNITS_AT_END = re.compile(rf"(?<=[\d}}])\s*(?:{_UNIT_WORDS})\s*\.?$")
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm)\s*\{([^{}]*)\}")  # not \mbox (worked case `mbox`)
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|°")
+_PERCENT = re.compile(r"\\%|%|\s*\bpercent\b")
+_LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![A-Za-z])")
+_SPACING = re.compile(r"(?<!\\)\\[,;:! ]|\\quad|\\qquad")  # not the `\\` row break of a matrix
+_VARIABLE_PREFIX = re.compile(r"^[A-Za-z]\w{0,2}\s*=(?!=)\s*")  # `x = 5`, `xy = 5`
+_MIXED_NUMBER = re.compile(r"^(-?)(\d+)\s+(\d+)\s*/\s*(\d+)$")  # `7 3/4`
+_THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
+_FRAC_SHORT = re.compile(r"\\frac\s*(\d)\s*(\d)|\\frac\s*(\d)\s*(?=\{)|(\\frac\{[^{}]*\})\s*(\d)")
+_SQRT_SHORT = re.compile(r"\\sqrt\s*([0-9a-zA-Z])")
+_LEADING_DOT = re.compile(r"(?<![\d}])\.(\d)")
+_LETTER_CHOICE = re.compile(r"^\(([a-z])\)$")
+
+
+def _short_frac(match: re.Match) -> str:
+    if match.group(1):
+        return f"\\frac{{{match.group(1)}}}{{{match.group(2)}}}"
+    if match.group(3):
+        return f"\\frac{{{match.group(3)}}}"
+    return f"{match.group(4)}{{{match.group(5)}}}"
+
+
+def normalize_math_answer(answer: str) -> str:
+    """MATH-style normal form of an answer (step 1 above). The rules, in order, each with a worked case:
+
+    >>> [normalize_math_answer(s) for s in ["\\\\text{ 12 inches}", "\\\\dfrac12", "x = 1,000"]]
+    ['12', '\\\\frac{1}{2}', '1000']
+    >>> normalize_math_answer("\\\\left( 4, 5 \\\\right)")
+    '(4,5)'
+    """
+    text = answer.strip().replace("\n", " ")
+    text = _TEXT_WRAPPER.sub(r"\1", text)  # `\text{5}` -> 5, `12\text{ inches}` -> 12 inches
+    text = text.replace("\\!", "")
+    text = re.sub(r"\\[dt]frac", r"\\frac", text)
+    text = _LEFT_RIGHT.sub("", text)
+    text = text.replace("{bmatrix}", "{pmatrix}")  # the same matrix in other brackets
+    text = re.sub(r"\\geq(?![A-Za-z])", r"\\ge", re.sub(r"\\leq(?![A-Za-z])", r"\\le", text))
+    text = re.sub(r"\\neq(?![A-Za-z])", r"\\ne", text)
+    text = _DEGREES.sub("", text)  # `90^\circ` -> 90
+    text = text.replace("\\$", "").replace("$", "")
+    text = _PERCENT.sub("", text)  # `50\%`, `50 percent` -> 50
+    text = _SPACING.sub(" ", text).strip()
+    text = _VARIABLE_PREFIX.sub("", text)  # `x = 5` -> 5
+    text = _UNITS_AT_END.sub("", text).strip()  # `5 meters`, `5 apples.`, `5 sq m` -> 5
+    text = _MIXED_NUMBER.sub(r"(\1(\2+\3/\4))", text)  # `7 3/4` -> (7+3/4), before spaces go
+    text = text.replace("\\{", "").replace("\\}", "")  # `\{1,2\}` -> 1,2: a set reads as its elements
+    text = re.sub(r"\s+", "", text)
+    text = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), text)  # `1,000.5` -> 1000.5
+    text = _FRAC_SHORT.sub(_short_frac, text)  # `\frac12` -> \frac{1}{2}
+    text = _SQRT_SHORT.sub(r"\\sqrt{\1}", text)  # `\sqrt2` -> \sqrt{2}
+    text = _LEADING_DOT.sub(r"0.\1", text)  # `.5` -> 0.5
+    text = text.rstrip(".").lower()
+    return _LETTER_CHOICE.sub(r"\1", text)  # `(A)` -> a
+
+
+class _Unparsable(Exception):
+    """The normalised answer is not something our sympy parser accepts; it then equals only itself."""
+
+
+_TOKEN = re.compile(r"\d+\.?\d*|\.\d+|\\[a-z]+|[a-z]|[-+*/^(){}\[\]]")
+_MAX_DEPTH = 40
+_MAX_POWER_DIGITS = 10_000  # numeric powers with more digits than this are refused, not computed
+_MAX_SYMBOLIC_EXPONENT = 32  # (x+1)^n is expanded when compared; keep n small
+
+
+class _SympyParser:
+    """Recursive descent over a normalised answer, building exact sympy values (no `eval`, no floats).
+
+    Grammar: sum := product (('+'|'-') product)* ; product := signed ((op | implicit) signed)* ;
+    signed := ('-'|'+') signed | power ; power := atom ('^' atom)? ; atom := number | letter | \\pi | \\infty
+    | (sum) | {sum} | \\frac{..}{..} | \\sqrt[n]{..}. Braces are kept, so \\frac{1+3}{2} is 2, never 2.5.
+    """
+
+    def __init__(self, text: str):
+        self.tokens = _TOKEN.findall(text)
+        if "".join(self.tokens) != text:
+            raise _Unparsable(text)  # a character we do not model (`=`, `\ge`, `!`, ...)
+        self.pos = 0
+        self.depth = 0
+
+    def parse(self) -> sympy.Expr:
+        value = self.sum()
+        if self.pos != len(self.tokens):
+            raise _Unparsable("trailing input")
+        return value
+
+    def peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self, expected: str | None = None) -> str:
+        token = self.peek()
+        if token is None or (expected is not None and token != expected):
+            raise _Unparsable(f"expected {expected!r}, got {token!r}")
+        self.pos += 1
+        return token
+
+    def sum(self) -> sympy.Expr:
+        self.depth += 1
+        if self.depth > _MAX_DEPTH:
+            raise _Unparsable("nested too deeply")
+        value = self.product()
+        while self.peek() in ("+", "-"):
+            value = value + self.product() if self.take() == "+" else value - self.product()
+        self.depth -= 1
+        return value
+
+    def product(self) -> sympy.Expr:
+        value = self.signed()
+        while True:
+            token = self.peek()
+            if token in ("*", "\\cdot", "\\times"):
+                self.take()
+                value = value * self.signed()
+            elif token in ("/", "\\div"):
+                self.take()
+                value = value / self.signed()
+            elif token is not None and token not in ("+", "-", ")", "}", "]", "^"):
+                value = value * self.signed()  # implicit multiplication: 2x, 2\sqrt{2}
+            else:
+                return value
+
+    def signed(self) -> sympy.Expr:
+        if self.peek() in ("-", "+"):
+            return -self.signed() if self.take() == "-" else self.signed()
+        return self.power()
+
+    def power(self) -> sympy.Expr:
+        base = self.atom()
+        if self.peek() != "^":
+            return base
+        self.take()
+        exponent = self.atom()
+        if exponent.is_number and base.is_number:
+            if not exponent.is_Rational:
+                raise _Unparsable("irrational exponent")
+            # digits of the result ~ |exponent| x digits of the base; irrational bases only to small powers
+            base_digits = max(abs(base.p).bit_length(), base.q.bit_length()) * 0.31 if base.is_Rational else 100
+            if abs(exponent) * base_digits > _MAX_POWER_DIGITS:
+                raise _Unparsable("power too large to compute")
+        elif not (exponent.is_Integer and abs(exponent) <= _MAX_SYMBOLIC_EXPONENT):
+            raise _Unparsable("symbolic power too large to expand")
+        return base**exponent
+
+    def group(self) -> sympy.Expr:
+        if self.peek() == "{":
+            self.take()
+            value = self.sum()
+            self.take("}")
+            return value
+        return self.atom()
+
+    def atom(self) -> sympy.Expr:
+        token = self.take()
+        if token[0].isdigit() or token[0] == ".":
+            return sympy.Rational(token)  # exact: 0.333 is 333/1000, never 1/3
+        if len(token) == 1 and token.isalpha():
+            return sympy.Symbol(token)
+        if token in ("(", "{", "["):
+            value = self.sum()
+            self.take({"(": ")", "{": "}", "[": "]"}[token])
+            return value
+        if token == "\\pi":
+            return sympy.pi
+        if token == "\\infty":
+            return sympy.oo
+        if token == "\\frac":
+            numerator = self.group()
+            return numerator / self.group()
+        if token == "\\sqrt":
+            index: sympy.Expr = sympy.Integer(2)
+            if self.peek() == "[":
+                self.take()
+                index = self.sum()
+                self.take("]")
+            return sympy.root(self.group(), index)
+        raise _Unparsable(f"unsupported token {token!r}")
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas outside brackets; `(1,2),(3,4)` -> ['(1,2)', '(3,4)']."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _enclosed(text: str) -> bool:
+    """True if the bracket opening `text` closes at its last character: `(4,5]` yes, `(1,2),(3,4)` no."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += (char in "([{") - (char in ")]}")
+        if depth == 0:
+            return i == len(text) - 1
+    return False
+
+
+def _as_sequence(text: str) -> tuple[str, list[str]]:
+    """(bracket pair, elements) for tuples and intervals like `(4,5]`; ('', [text]) for a single value."""
+    if len(text) > 2 and text[0] in "([" and text[-1] in ")]" and _enclosed(text):
+        inner = _split_top_level(text[1:-1])
+        if len(inner) > 1:
+            return text[0] + text[-1], inner
+    return "", _split_top_level(text)
+
+
+def _sympy_value_equal(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    left, right = _SympyParser(a).parse(), _SympyParser(b).parse()
+    if left.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) or right.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan):
+        return left == right  # oo - oo is nan: compare the structure instead
+    return sympy.expand(left - right) == 0
+
+
+def sympy_equivalent(a: str, b: str) -> bool:
+    """Exact sympy equivalence of two normalised answers; tuples/intervals element-wise, brackets must match.
+
+    >>> sympy_equivalent("0.5", "\\\\frac{2}{4}"), sympy_equivalent("\\\\sqrt[3]{2}", "\\\\sqrt{2}")
+    (True, False)
+    """
+    if not a or not b or len(a) > MAX_R1_CHARS or len(b) > MAX_R1_CHARS:
+        return False
+    if has_word(a) or has_word(b):
+        return False  # words, not products of symbols
+    brackets_a, items_a = _as_sequence(a)
+    brackets_b, items_b = _as_sequence(b)
+    if brackets_a != brackets_b or len(items_a) != len(items_b):
+        return False
+    try:
+        return all(_sympy_value_equal(x, y) for x, y in zip(items_a, items_b))
+    except _Unparsable:
+        return False  # other exceptions are bugs: in a worker they become MathGrader.errors, counted and logged
+
+
+_LATEX_THEN_EXPRESSION = [LatexExtractionConfig(), ExprExtractionConfig()]  # math-verify's defaults
+
+
+def r1_latex_equal(gold: str, pred: str) -> bool:
+    """Worker job (r1_zero with fast=False): math-verify's own reading of each answer, LaTeX first.
+
+    Each side is wrapped in `$...$` unless it has one; math-verify then tries LaTeX, and failing that the last
+    number-like expression (so `She sold 72 clips.` reads as 72, while `5 dollars` parses as a product, not 5).
+    """
+    def read(text: str) -> list:
+        text = text if "$" in text else f"${text}$"
+        return parse(
+            text,
+            extraction_config=_LATEX_THEN_EXPRESSION,
+            fallback_mode="no_fallback",
+            parsing_timeout=None,  # type: ignore[arg-type]  # the worker deadline replaces the signal timeout
+        )
+
+    gold_parsed, pred_parsed = read(gold), read(pred)
+    return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def r1_latex_candidate(text: str) -> bool:
+    """Whether an answer may go to math-verify in r1_latex_equal: short, and only LaTeX commands we know."""
+    return 0 < len(text) <= MAX_R1_CHARS and only_known_commands(text)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` or `\\fbox{...}`; None if it has no balanced braces.
+
+    >>> last_boxed("\\\\boxed{3} or \\\\boxed{\\\\frac{1}{2}}"), last_boxed("\\\\boxed{123")
+    ('\\\\frac{1}{2}', None)
+    """
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    brace = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+    while brace < len(text) and text[brace] == " ":
+        brace += 1
+    if brace >= len(text) or text[brace] != "{":
+        return None  # `\boxed5`: no braces is a format error (r1_zero_reward_fn, step 3)
+    end = matching_brace(text, brace)
+    return None if end is None else text[brace + 1 : end]
+
+
+def r1_worker_equal(gold: str, pred: str, fast: bool) -> bool:
+    """Worker job for r1_grade: exact sympy equivalence, then (fast=False) math-verify's reading."""
+    if sympy_equivalent(normalize_math_answer(pred), normalize_math_answer(gold)):
+        return True
+    gold, pred = gold.strip(), pred.strip()
+    return not fast and r1_latex_candidate(gold) and r1_latex_candidate(pred) and r1_latex_equal(gold, pred)
+
+
+def r1_grade(model_answer: str, ground_truth: str, fast: bool = True, grader: MathGrader | None = None) -> bool:
+    """The grade of `r1_zero_reward_fn` (its step 5): the normalised strings match, or sympy shows them equal, or
+    (fast=False) math-verify does.
+
+    The string check runs here; sympy and math-verify run in `grader`'s workers (default: `default_grader()`)
+    under its deadline, because both can take seconds on hostile input (`(x+1)^{32}(y+1)^{32}` expands for
+    ~8 s). A timeout counts as not equal. Answers over MAX_R1_CHARS are compared as stripped strings.
+    """
+    if "\\boxed" in ground_truth or "\\fbox" in ground_truth:
+        ground_truth = last_boxed(ground_truth) or ground_truth
+    if len(model_answer) > MAX_R1_CHARS or len(ground_truth) > MAX_R1_CHARS:
+        return model_answer.strip() == ground_truth.strip()  # the normalising regexes are not linear-time
+    gold_norm = normalize_math_answer(ground_truth)
+    if not gold_norm:
+        return False
+    if normalize_math_answer(model_answer) == gold_norm:
+        return True
+    return (grader or default_grader()).r1_equivalent(ground_truth, model_answer, fast)
+
+
+# ------------------------------------------------------------------------------------------------ worker side
+
+WORKER_JOBS = {"r1": r1_worker_equal}  # what grading workers may run from this module (see grader.WORKER_MODULES)
+
+
+def warm_up() -> None:
+    """Run once in each worker before it reports ready: sympy imports its polynomial and radical code and
+    math-verify compiles its regexes on first use (up to ~0.3 s), which must not count against a deadline."""
+    for gold, pred in WARM_UP_PAIRS:
+        r1_worker_equal(gold, pred, fast=False)

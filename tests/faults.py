@@ -1,0 +1,86 @@
+"""canoe.py with one fault patched in, for the end-to-end tests (launched like canoe.py, under `deepspeed`).
+
+    deepspeed tests/faults.py --fault nan_loss --config C.toml [canoe.py's arguments]
+
+The faults replace a function of the driver or of checkpoint.py, so the training code itself carries no test
+hooks:
+- `nan_loss`: every micro-batch loss is NaN (a numerical blow-up);
+- `corrupt_push`: the weight push loads twice the trained values (a push that lands wrong);
+- `after_step_N`: the process dies right after the checkpoint of step N (a crash or a pre-emption);
+- `mid_checkpoint_N`: it dies while checkpoint N is written, before it is made the latest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import canoe  # noqa: E402
+import checkpoint  # noqa: E402
+import rollout  # noqa: E402
+
+CRASH = 17  # the exit code of a simulated crash
+
+
+def nan_loss() -> None:
+    original = canoe.grpo_loss
+
+    def patched(*args, **kwargs):
+        loss, metrics = original(*args, **kwargs)
+        return loss * float("nan"), metrics
+
+    canoe.grpo_loss = patched
+
+
+def corrupt_push() -> None:
+    original = rollout.push_weights
+
+    def patched(llm, weights):
+        return original(llm, ((name, 2 * tensor) for name, tensor in weights))
+
+    rollout.push_weights = patched
+
+
+def crash_after_step(step: int) -> None:
+    original = checkpoint.save_checkpoint
+
+    def patched(output_dir, saved_step, **kwargs):
+        path = original(output_dir, saved_step, **kwargs)
+        if saved_step == step:
+            os._exit(CRASH)
+        return path
+
+    checkpoint.save_checkpoint = patched
+
+
+def crash_mid_checkpoint(step: int) -> None:
+    original = checkpoint.publish
+
+    def patched(staging, final, keep):
+        if final.name == f"step-{step:06d}":
+            os._exit(CRASH)
+        original(staging, final, keep)
+
+    checkpoint.publish = patched
+
+
+def install(fault: str) -> None:
+    name, _, number = fault.rpartition("_") if fault[-1].isdigit() else (fault, "", "")
+    faults = {"nan_loss": nan_loss, "corrupt_push": corrupt_push,
+              "after_step": lambda: crash_after_step(int(number)),
+              "mid_checkpoint": lambda: crash_mid_checkpoint(int(number))}
+    if name not in faults:
+        raise SystemExit(f"unknown fault {fault!r}; known: nan_loss, corrupt_push, after_step_N, mid_checkpoint_N")
+    faults[name]()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fault", required=True)
+    args, rest = parser.parse_known_args()
+    install(args.fault)
+    canoe.main(rest)
