@@ -86,7 +86,9 @@ def check_run(run: Path, steps: int, tolerance: float) -> None:
         assert 0.0 < m["sync/vllm_trainer_gap"] <= tolerance
         for key in ("reward/accuracy", "reward/format", "reward/influence", "reward/length", "loss/kl", "time/stage1"):
             assert key in m
-        assert m["reward/issues"] >= 0
+        # the driver hands the rewards well-formed completions (lists of messages with string contents), so no
+        # sample was scored 0 for a malformed input
+        assert m["reward/issues"] == 0
     assert sum(m["stage2/regenerated_frac"] for m in metrics) > 0
     # weights changed
     before = load_file(SMOKE_MODEL / "model.safetensors")
