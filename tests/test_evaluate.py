@@ -45,7 +45,8 @@ def test_score_without_task_field_groups_as_all():
 @pytest.mark.skipif(not (ROOT / "models" / "smoke-llama").exists(), reason="needs `make setup`")
 def test_eval_mode_runs_greedily_on_a_real_model(tmp_path):
     data = tmp_path / "eval.jsonl"
-    rows = [{"id": f"e{i}", "task": "counterfactual" if i % 2 else "straightforward",
+    # task names the training data never had: the table is per task, whatever the names
+    rows = [{"id": f"e{i}", "task": "temporal" if i % 2 else "negation",
              "problem": f"<context>{city} is mentioned here.</context>\n\nWhich city? ({i})",
              "solution": f"<answer>{city}</answer>"} for i, city in enumerate(["Paris", "Lyon", "Rome", "Oslo"])]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -57,11 +58,12 @@ def test_eval_mode_runs_greedily_on_a_real_model(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((tmp_path / "run" / "eval" / "smoke-llama-eval.json").read_text())
     assert report["scores"]["overall"]["n"] == 4
-    assert set(report["scores"]) == {"counterfactual", "straightforward", "overall"}
+    assert set(report["scores"]) == {"temporal", "negation", "overall"}
+    assert report["scores"]["temporal"]["n"] == 2 and report["scores"]["negation"]["n"] == 2
     predictions = [json.loads(line) for line in
                    (tmp_path / "run" / "eval" / "smoke-llama-eval.predictions.jsonl").read_text().splitlines()]
     assert [p["id"] for p in predictions] == ["e0", "e1", "e2", "e3"] and all(p["output"] for p in predictions)
-    assert "overall" in result.stdout
+    assert "overall" in result.stdout and "temporal" in result.stdout and "negation" in result.stdout
 
 
 def test_plot_writes_a_png(tmp_path):
