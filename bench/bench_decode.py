@@ -42,6 +42,7 @@ CONFIGS = [  # (name, settings)
 
 def copy_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     """Bytes moved per second (read + write) by a large contiguous tensor copy."""
+    # torch is imported here, not at the top: the parent process needs nothing else of it, each worker its own
     import runtime  # noqa: F401  (thread count as in training)
     import torch
 
@@ -58,7 +59,7 @@ def copy_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
 
 def worker(model: str, settings: dict, tokens: int) -> dict:
     """One engine, one configuration: the decode seconds per step and the parameter bytes."""
-    import os
+    import os  # imports here: the KV cache size must be in the environment before vLLM is imported
 
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("kv_gib", 1))
     import runtime  # noqa: F401
