@@ -11,6 +11,13 @@ key). Rewards and their weights are one table, so adding a reward is one line of
     influence = 1.0
     length = 1.0
 
+A recipe that differs from another config in a few keys names it with `base` (a path relative to the recipe)
+and writes only those keys; a table such as `[rewards]`, if given, replaces the base's whole:
+
+    base = "../config.toml"
+    output_dir = "runs/variant"
+    num_iterations = 2
+
 The loss options beside CANOE's defaults (Dr. GRPO, DAPO, GSPO, truncated importance sampling) are documented in
 grpo_loss.py and listed in the README; every default is the original CANOE run's.
 """
@@ -136,12 +143,7 @@ class ConfigError(ValueError):
 def load_config(path: str | Path) -> Config:
     """Read a TOML file into a Config: unknown keys, wrong types and bad values are errors naming the key."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path} is not valid TOML: {error}") from None
+    raw = _read_toml(path)
     fields = {f.name: f for f in dataclasses.fields(Config)}
     values = {}
     for key, value in raw.items():
@@ -156,6 +158,24 @@ def load_config(path: str | Path) -> Config:
     cfg = Config(**values)
     _validate(path, cfg)
     return cfg
+
+
+def _read_toml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The file's keys over those of its `base` chain (each base relative to the file naming it)."""
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: `base` leads back to itself")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path} is not valid TOML: {error}") from None
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: 'base' must be a path (a string), got {base!r}")
+    return _read_toml(path.parent / base, (*seen, path.resolve())) | raw
 
 
 def _rewards_table(raw: dict[str, Any]) -> str:
@@ -210,7 +230,7 @@ def _validate(path: Path, cfg: Config) -> None:
 
 def describe_config() -> str:
     """Every key with its default, written as TOML, and its meaning."""
-    lines = []
+    lines = ['base = "..."'.ljust(52) + "# optional: a config whose keys this file's keys override (path relative to it)"]
     for f in dataclasses.fields(Config):
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         value = ("{" + ", ".join(f"{k} = {v}" for k, v in default.items()) + "}" if isinstance(default, dict)

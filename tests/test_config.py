@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import tomllib
@@ -79,6 +80,29 @@ def test_bad_config_names_the_key(tmp_path, text, message):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_base_supplies_the_keys_a_recipe_leaves_out(tmp_path):
+    write(tmp_path, 'beta = 0.1\nlearning_rate = 1e-5\n[rewards]\naccuracy = 1.0\nformat = 1.0\n')
+    (tmp_path / "recipes").mkdir()
+    recipe = tmp_path / "recipes" / "r.toml"
+    recipe.write_text('base = "../config.toml"\nlearning_rate = 2e-5\n[rewards]\nformat = 0.5\n')
+    cfg = load_config(recipe)
+    assert (cfg.beta, cfg.learning_rate) == (0.1, 2e-5)  # the base's key kept, the recipe's key wins
+    assert cfg.rewards == {"format": 0.5}  # a table replaces the base's whole
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('base = "missing.toml"\n', "missing.toml does not exist"),
+        ('base = "config.toml"\n', "`base` leads back to itself"),
+        ("base = 1\n", "'base' must be a path (a string), got 1"),
+    ],
+)
+def test_bad_base(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(write(tmp_path, text))
 
 
 def test_ints_are_accepted_for_floats_and_config_is_frozen(tmp_path):
