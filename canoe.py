@@ -56,7 +56,7 @@ import packing
 import rollout
 from config import Config, ConfigError, describe_config, load_config
 from grader import MathGrader
-from grpo_loss import group_advantages, grpo_loss, trained_sequences, zero_variance_groups
+from grpo_loss import decoupled_advantages, group_advantages, grpo_loss, trained_sequences, zero_variance_groups
 from metrics import RunLog, Step, step_metrics, timed, truncate_log, write_run_info
 from rewards import REWARD_FUNCS, REWARD_ISSUES
 from runtime import init_distributed, print0, resolve_dtype
@@ -137,6 +137,11 @@ class Run:
     times: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per phase of the current step
     last_step: Any = None  # the latest Step, for samples.jsonl
 
+    @property
+    def reward_weights(self) -> torch.Tensor:
+        """`(R,)` the weight of each configured reward, in the order of `cfg.rewards` (and of `score`'s columns)."""
+        return torch.tensor(list(self.cfg.rewards.values()), dtype=torch.float32)
+
 
 def check_paths(cfg: Config, *, train: bool) -> None:
     model = Path(cfg.model)
@@ -194,8 +199,10 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     with warnings.catch_warnings(record=True):  # the report below lists the dropped prompts
         warnings.simplefilter("always", data.PromptOverflowWarning)
-        rows, report = data.prepare_prompts(tokenizer, data.load_dataset(cfg.train_file), cfg.max_prompt_tokens,
-                                            cfg.on_long_prompt, **cfg.prompt_style())
+        loaded = data.load_dataset(cfg.train_file)
+        check_reward_fields(loaded, cfg.train_file)
+        rows, report = data.prepare_prompts(tokenizer, loaded, cfg.max_prompt_tokens, cfg.on_long_prompt,
+                                            **cfg.prompt_style())
     print0(f"data: {cfg.train_file}: {report.summary()}")
     try:
         sampler = data.PromptSampler(len(rows), cfg.prompts_per_step, cfg.seed, rank, world_size)
@@ -290,12 +297,18 @@ def train_step(run: Run) -> Step:
         completions = sample_stage1(run, rows)  # N completions, prompt-major
         stage2 = sample_stage2(run, rows, completions)  # N entries
 
-    # 2. Rewards: the weighted sum of the configured reward functions.
-    rewards, reward_means = score(run, rows, completions, stage2)  # (N,)
+    # 2. Rewards: each configured reward function, and their weighted sum.
+    per_reward, reward_means = score(run, rows, completions, stage2)  # (N, R)
+    rewards = per_reward @ run.reward_weights  # (N,)
 
-    # 3. Group-relative advantages. Optionally some sequences leave the loss (DAPO): truncated ones, and groups
-    #    whose rewards are all equal (their advantages are 0, so only the KL term would train on them).
-    advantages = group_advantages(rewards, G, eps=cfg.advantage_eps, std=cfg.advantage_std)  # (N,)
+    # 3. Group-relative advantages: of the weighted sum (CANOE), or the weighted sum of each reward's own
+    #    group-normalised advantage (GDPO). Optionally some sequences leave the loss (DAPO): truncated ones, and
+    #    groups whose rewards are all equal (their advantages are 0, so only the KL term would train on them).
+    if cfg.reward_aggregation == "normalize_then_sum":
+        advantages = decoupled_advantages(per_reward, run.reward_weights, G, eps=cfg.advantage_eps,
+                                          std=cfg.advantage_std)  # (N,)
+    else:
+        advantages = group_advantages(rewards, G, eps=cfg.advantage_eps, std=cfg.advantage_std)  # (N,)
     truncated = torch.tensor([c.finish_reason == "length" for c in completions])  # (N,)
     kept = trained_sequences(rewards, G, truncated, mask_truncated=cfg.mask_truncated,
                              skip_zero_variance_groups=cfg.skip_zero_variance_groups)  # (N,) bool
@@ -369,17 +382,42 @@ def sample_stage2(run: Run, rows: list[dict], completions: list[rollout.Completi
     return dataclasses.replace(stage2, completions=[with_prefix(cfg, c) for c in stage2.completions])
 
 
+# The keyword arguments `score` passes to every reward besides the dataset fields: a field of the same name would
+# collide with them (checked when the data is loaded, `check_reward_fields`).
+REWARD_KEYWORDS = ("completions", "completions_long_answer", "grader", "log_dir")
+
+
+def check_reward_fields(rows: list[dict], path: str) -> None:
+    """Refuse a dataset field whose name is one of the rewards' own keyword arguments (REWARD_KEYWORDS)."""
+    clashes = sorted({key for row in rows for key in row if key in REWARD_KEYWORDS})
+    if clashes:
+        raise data.DataError(f"{path}: field {clashes[0]!r} has the name of a keyword the rewards receive from the "
+                             f"trainer ({', '.join(REWARD_KEYWORDS)}); rename it in the data")
+
+
+def reward_columns(rows: list[dict], G: int) -> dict[str, list]:
+    """Every dataset field as a column with one value per completion (N = B·G), None where a row lacks it.
+
+    The union of the rows' fields, in order of first appearance: rows may carry different optional fields, and
+    a field that only a later row has still reaches the rewards.
+    """
+    keys = list(dict.fromkeys(key for row in rows for key in row if key != "prompt_ids"))
+    return {key: [row.get(key) for row in rows for _ in range(G)] for key in keys}
+
+
 @timed("rewards")
 def score(run: Run, rows: list[dict], completions, stage2) -> tuple[torch.Tensor, dict[str, float]]:
-    """Call every reward of `cfg.rewards`; returns the weighted total `(N,)` and the logged per-reward means.
+    """Call every reward of `cfg.rewards`; returns the per-reward scores `(N, R)` and the logged means.
 
     Every dataset field arrives as a keyword argument with one value per completion (the reward functions'
     convention), and `completions_long_answer` carries the stage-2 completions. A reward that raises stops the
-    run: only malformed inputs are the rewards' to score 0 (and count in REWARD_ISSUES).
+    run: only malformed inputs are the rewards' to score 0 (and count in REWARD_ISSUES). `signal/<name>` is the
+    share of groups in which that reward is not the same for all G samples: GRPO learns nothing about a reward
+    from a group where it does not vary.
     """
     G, names = run.cfg.num_generations, list(run.cfg.rewards)
     issues_before, timeouts_before = sum(REWARD_ISSUES.values()), run.grader.timeouts
-    columns = {key: [row[key] for row in rows for _ in range(G)] for key in rows[0] if key != "prompt_ids"}
+    columns = reward_columns(rows, G)
     messages = [[{"role": "assistant", "content": c.text}] for c in completions]
     long_answer = [None if c is None else [{"role": "assistant", "content": c.text}] for c in stage2.completions]
     per_reward = torch.zeros(len(completions), len(names))  # (N, R)
@@ -387,14 +425,16 @@ def score(run: Run, rows: list[dict], completions, stage2) -> tuple[torch.Tensor
         scores = REWARD_FUNCS[name](messages, completions_long_answer=long_answer, grader=run.grader,
                                     log_dir=str(run.out), **columns)
         per_reward[:, j] = torch.tensor(scores, dtype=torch.float32)
-    total = per_reward @ torch.tensor([run.cfg.rewards[name] for name in names], dtype=torch.float32)  # (N,)
     means = {f"reward/{name}": float(per_reward[:, j].mean()) for j, name in enumerate(names)}
+    grouped = per_reward.reshape(-1, G, len(names))  # (B, G, R)
+    varies = (grouped.amax(dim=1) != grouped.amin(dim=1)).float().mean(dim=0)  # (R,) share of the B groups
+    means |= {f"signal/{name}": float(varies[j]) for j, name in enumerate(names)}
     means["reward/issues"] = sum(REWARD_ISSUES.values()) - issues_before
     means["reward/timeouts"] = run.grader.timeouts - timeouts_before
     # The evaluation metric, watched during training: normalised exact match of the stage-1 answers.
     em = [data.exact_match(data.answer_span(c.text), data.answer_span(s)) for c, s in zip(completions, columns["solution"])]
     means["faithfulness/em"] = sum(em) / len(em)
-    return total, means
+    return per_reward, means
 
 
 @dataclass

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from data import SYSTEM_PROMPT
-from grpo_loss import ADVANTAGE_STDS, AGGREGATIONS, RATIO_LEVELS
+from grpo_loss import ADVANTAGE_STDS, AGGREGATIONS, RATIO_LEVELS, REWARD_AGGREGATIONS
 from rewards import REWARD_FUNCS
 
 CANOE_REWARDS = {"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0}
@@ -95,6 +95,8 @@ class Config:
     aggregation: str = _key("seq-mean-token-mean", "seq-mean-token-mean (the original), token-mean (DAPO) or "
                             "seq-mean-token-sum-norm (Dr. GRPO: token sum / max_completion_tokens)")
     advantage_eps: float = _key(1e-4, "eps in (r − mean) / (std + eps)")
+    reward_aggregation: str = _key("sum_then_normalize", "sum_then_normalize (CANOE: advantages of the weighted sum) "
+                                   "or normalize_then_sum (GDPO: each reward normalised in its group, then summed)")
     advantage_std: str = _key("unbiased", "unbiased (the original), biased, or none: A = r − mean (Dr. GRPO)")
     num_iterations: int = _key(1, "μ, updates per rollout (1 = the original); from the 2nd on, the ratio and clip act")
     importance_cap: float = _key(0.0, "C of truncated importance sampling, min(π_old/π_vLLM, C) per token; 0 = off")
@@ -132,6 +134,7 @@ CHOICES = {
     "zero_stage": (2, 3),
     "aggregation": AGGREGATIONS,
     "advantage_std": ADVANTAGE_STDS,
+    "reward_aggregation": REWARD_AGGREGATIONS,
     "ratio_level": RATIO_LEVELS,
 }
 

@@ -60,6 +60,7 @@ from torch import Tensor
 
 __all__ = [
     "METRIC_REDUCTIONS",
+    "decoupled_advantages",
     "grpo_loss",
     "group_advantages",
     "merge_metrics",
@@ -69,6 +70,7 @@ __all__ = [
     "zero_variance_groups",
 ]
 
+REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 ADVANTAGE_STDS = ("unbiased", "biased", "none")
 RATIO_LEVELS = ("token", "sequence")
@@ -125,6 +127,38 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: s
     constant = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (B, 1)
     advantages = torch.where(constant, torch.zeros_like(advantages), advantages)  # (B, G)
     return advantages.reshape(-1)  # (N,)
+
+
+def decoupled_advantages(per_reward: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4,
+                         std: str = "unbiased") -> Tensor:
+    """GDPO's decoupled normalisation: each reward is normalised inside its group first, then weighted and summed.
+
+        A_{i,k} = group_advantages(r_{·,k})_i              one advantage per reward k (0 where r_k is constant)
+        S_i     = Σ_k w_k A_{i,k}
+        A_i     = (S_i - mean(S)) / (std(S) + eps)         over the N sequences of the batch (0 if S is constant)
+
+    With the plain weighted sum (CANOE, `group_advantages` of Σ_k w_k r_k), a reward that rarely varies, such
+    as accuracy early in training, is a small share of the sum's spread and drowns in the format and length
+    rewards' noise; normalised first, a group with one correct answer gives that answer an accuracy advantage
+    of the same size whatever the other rewards do. (GDPO, NVlabs; TRL's
+    `multi_objective_aggregation = "normalize_then_sum"`.) `per_reward` is `(N, R)`, `weights` `(R,)`; `std`
+    is group_advantages' std flavour, also used for the batch-wide rescaling. Returns a new `(N,)` tensor.
+
+    >>> decoupled_advantages(torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0]]),
+    ...                      torch.tensor([1.0, 1.0]), group_size=2, eps=0.0, std="biased")
+    tensor([ 1., -1.,  1., -1.])
+    """
+    if per_reward.dim() != 2 or weights.shape != per_reward.shape[1:]:
+        raise ValueError(f"per_reward must be (N, R) and weights (R,), got {tuple(per_reward.shape)} and "
+                         f"{tuple(weights.shape)}")
+    values = per_reward.to(torch.float32)
+    each = torch.stack([group_advantages(values[:, k], group_size, eps, std) for k in range(values.shape[1])],
+                       dim=1)  # (N, R)
+    summed = each @ weights.to(each)  # (N,)
+    if bool(summed.amax() == summed.amin()):
+        return torch.zeros_like(summed)
+    spread = summed.std(correction=1 if std == "unbiased" else 0) if std != "none" else summed.new_tensor(1.0)
+    return (summed - summed.mean()) / (spread + eps)  # (N,)
 
 
 def zero_variance_groups(rewards: Tensor, group_size: int) -> Tensor:

@@ -229,31 +229,77 @@ def iter_full_parameters(model: torch.nn.Module, zero_stage: int) -> Iterator[tu
         yield from copies
 
 
-def keep_cpu_linear_weights() -> None:
-    """Make vLLM's CPU backend keep its linear weights as ordinary parameters.
+# vLLM's own dispatch, kept before keep_cpu_linear_weights replaces the module attribute.
+VLLM_CPU_DISPATCH = vllm_layer_utils.dispatch_cpu_unquantized_gemm
 
-    By default vLLM's CPU backend repacks every linear weight into a oneDNN/SGL kernel handle after loading and
-    replaces the parameter by an empty tensor. `reload_weights` then loads new values that no kernel reads: the
-    push "succeeds" and generation goes on from the old weights (measured here: 2.4 nats of disagreement after
-    one perturbed push). Keeping the plain parameters and `torch.nn.functional.linear` makes a push land.
+
+def keep_cpu_linear_weights(packed: bool = True) -> None:
+    """Make vLLM's CPU backend keep its linear weights as ordinary parameters, so that a push can reach them.
+
+    At load time vLLM's CPU backend hands every 2-D linear weight to `dispatch_cpu_unquantized_gemm`
+    (vllm/model_executor/layers/utils.py, called from `UnquantizedLinearMethod.process_weights_after_loading` in
+    layers/linear.py with `remove_weight=True`, and for the output embedding from vocab_parallel_embedding.py),
+    which builds a packed oneDNN or SGL kernel from a *copy* of the weight and, by default, replaces the
+    parameter by an empty tensor. `reload_weights` then loads new values that no kernel reads: the push
+    "succeeds" and generation goes on from the old weights (measured here: 2.4 nats of disagreement after one
+    perturbed push).
+
+    - `packed=True` (what training uses): vLLM's own dispatch with `remove_weight=False`. The parameters keep
+      their values, `reload_weights` writes into them, and `repack_cpu_linear` rebuilds the packed kernels from
+      them after every push (`push_weights` does it). Decode runs at vLLM's packed speed (bench/RESULTS.md,
+      "Decode step").
+    - `packed=False`: every 2-D linear layer runs `torch.nn.functional.linear` on its parameter, so a push lands
+      with nothing more to do, at 2-2.5x the decode time of the packed kernels on this CPU.
+
+    Process-wide (it replaces the module attribute vLLM imports at load time); call it before creating an engine.
     """
-    if getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "keeps_weights", False):
+    current = vllm_layer_utils.dispatch_cpu_unquantized_gemm
+    if getattr(current, "packed", None) == packed:
         return
-    packed = vllm_layer_utils.dispatch_cpu_unquantized_gemm
 
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
-        if layer.weight.ndim != 2 or layer.weight.is_meta:
-            return packed(layer, remove_weight)
+        if packed or layer.weight.ndim != 2 or layer.weight.is_meta:
+            return VLLM_CPU_DISPATCH(layer, remove_weight=False)
         layer.cpu_linear = lambda x, weight, bias: F.linear(x, weight, bias)
 
-    dispatch.keeps_weights = True
+    dispatch.packed = packed
     vllm_layer_utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
-def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
-    """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache. Returns seconds."""
+def _repack_worker(worker) -> int:
+    """In the worker (this process): run vLLM's CPU dispatch again on every linear layer that has a packed
+    kernel, so the kernel is rebuilt from the parameter's current values. Returns the number of layers."""
+    count = 0
+    for module in worker.model_runner.model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2 and weight.numel():
+            VLLM_CPU_DISPATCH(module, remove_weight=False)
+            count += 1
+    return count
+
+
+def repack_cpu_linear(llm) -> int:
+    """Rebuild the CPU engine's packed linear kernels from its (just reloaded) parameters; returns the layer
+    count. vLLM calls a function passed to `collective_rpc` with each worker (in-process here)."""
+    return sum(llm.collective_rpc(_repack_worker))
+
+
+def cpu_kernels_are_packed() -> bool:
+    """Whether CPU engines created now use vLLM's packed kernels (and so need `repack_cpu_linear` after a push)."""
+    return not torch.cuda.is_available() and getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", True)
+
+
+def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bool | None = None) -> float:
+    """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache. Returns seconds.
+
+    On the CPU with packed kernels, the kernels are rebuilt from the new parameters (`repack`; None means "when
+    the engine's kernels are packed"). `repack=False` there leaves the engine generating from the old weights:
+    the push verification (`check_sync`) must then fail, which tests/test_rollout.py shows.
+    """
     start = time.perf_counter()
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+    if cpu_kernels_are_packed() if repack is None else repack:
+        repack_cpu_linear(llm)
     # Cached KV blocks were computed by the old weights.
     llm.reset_prefix_cache()
     return time.perf_counter() - start

@@ -201,3 +201,60 @@ def test_check_fits_refuses_a_model_too_large_for_the_host():
     with pytest.raises(SystemExit, match=r"needs about .* GiB of host memory per rank"):
         canoe.check_fits(Config(), num_parameters=10**12, dtype=torch.float32)
     canoe.check_fits(Config(), num_parameters=10**6, dtype=torch.float32)  # a small one passes
+
+
+def fake_run(cfg: Config, tmp_path: Path):
+    """What canoe.score reads of a Run: the config, a grader's counters, the output folder and the phase times."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(cfg=cfg, grader=SimpleNamespace(timeouts=0), out=tmp_path, times={})
+
+
+def test_score_passes_the_union_of_the_rows_fields(tmp_path, monkeypatch):
+    """Rows with different optional fields: each reaches the rewards, None where a row lacks it (the first row's
+    keys alone raised KeyError for `hint`, and never passed `source`, which only the second row has)."""
+    from types import SimpleNamespace
+
+    import rewards
+
+    seen = {}
+
+    def spy(completions, **kwargs):
+        seen.update(kwargs)
+        return [0.0] * len(completions)
+
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "spy", spy)
+    rows = [{"problem": "<context>a</context>\n\nq", "solution": "<answer>a</answer>", "hint": "h", "prompt_ids": [1]},
+            {"problem": "<context>b</context>\n\nq", "solution": "<answer>b</answer>", "source": "s", "prompt_ids": [2]}]
+    cfg = Config(num_generations=2, rewards={"spy": 1.0})
+    completion = SimpleNamespace(text="<answer>a</answer>")
+    per_reward, means = canoe.score(fake_run(cfg, tmp_path), rows, [completion] * 4,
+                                    SimpleNamespace(completions=[None] * 4))
+    assert seen["hint"] == ["h", "h", None, None]
+    assert seen["source"] == [None, None, "s", "s"]
+    assert "prompt_ids" not in seen and per_reward.shape == (4, 1)
+
+
+def test_score_logs_the_share_of_groups_where_each_reward_varies(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import rewards
+
+    # B = 3 groups of G = 2: "a" varies in groups 0 and 2, "b" in none
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "a", lambda completions, **kw: [1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "b", lambda completions, **kw: [1.0] * 6)
+    rows = [{"problem": "<context>x</context>\n\nq", "solution": "<answer>x</answer>"}] * 3
+    cfg = Config(num_generations=2, rewards={"a": 1.0, "b": 0.5})
+    completion = SimpleNamespace(text="<answer>x</answer>")
+    per_reward, means = canoe.score(fake_run(cfg, tmp_path), rows, [completion] * 6,
+                                    SimpleNamespace(completions=[None] * 6))
+    assert means["signal/a"] == pytest.approx(2 / 3) and means["signal/b"] == 0.0
+    assert means["reward/a"] == pytest.approx(4 / 6)
+
+
+@pytest.mark.parametrize("field", canoe.REWARD_KEYWORDS)
+def test_a_data_field_named_like_a_reward_keyword_is_refused(field):
+    rows = [{"problem": "p", "solution": "s"}, {"problem": "p", "solution": "s", field: 1}]
+    with pytest.raises(canoe.data.DataError, match=f"train.jsonl: field '{field}' has the name of a keyword"):
+        canoe.check_reward_fields(rows, "train.jsonl")
+    canoe.check_reward_fields(rows[:1], "train.jsonl")  # no clash: nothing raised

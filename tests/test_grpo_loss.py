@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import grpo_loss
-from grpo_loss import group_advantages, grpo_loss as loss_fn, merge_metrics, summarize_metrics, token_logprobs
+from grpo_loss import decoupled_advantages, group_advantages, grpo_loss as loss_fn, merge_metrics, summarize_metrics, token_logprobs
 
 LN2 = math.log(2.0)
 
@@ -555,3 +555,35 @@ def test_truncated_importance_sampling():
     assert_close(with_kl, torch.tensor(-(1.25 + 1 + 2) / 3 + 0.1 * (0.5 + LN2 - 1) / 3))
     with pytest.raises(ValueError, match="importance_cap"):
         loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, importance_cap=2.0)  # no sampler log-probabilities
+
+
+def test_decoupled_advantages_gdpo_hand_values():
+    # One group of G = 4; rewards (accuracy, format), weights (1, 1).
+    #   accuracy (1, 0, 0, 0): mean 1/4, unbiased std sqrt(((3/4)^2 + 3 (1/4)^2) / 3) = sqrt(1/4) = 1/2
+    #       -> A_acc = (3/2, -1/2, -1/2, -1/2)                                                (eps = 0)
+    #   format   (1, 1, 1, 0): mean 3/4, std 1/2 -> A_fmt = (1/2, 1/2, 1/2, -3/2)
+    #   S = A_acc + A_fmt = (2, 0, 0, -2): mean 0, unbiased std sqrt((4 + 0 + 0 + 4) / 3) = sqrt(8/3)
+    per_reward = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 1.0], [0.0, 0.0]])
+    expected = torch.tensor([2.0, 0.0, 0.0, -2.0]) / math.sqrt(8 / 3)
+    assert_close(decoupled_advantages(per_reward, torch.tensor([1.0, 1.0]), 4, eps=0.0), expected)
+    # The plain sum (CANOE) of the same rewards, (2, 1, 1, 0): mean 1, unbiased std sqrt(2/3), so
+    # A = (1, 0, 0, -1) / sqrt(2/3): the correct answer's advantage 1.22 against 2 / sqrt(8/3) = 1.22 above; they
+    # differ once the rewards' spreads differ (next case).
+    assert_close(group_advantages(per_reward.sum(1), 4, eps=0.0),
+                 torch.tensor([1.0, 0.0, 0.0, -1.0]) / math.sqrt(2 / 3))
+    # Weights scale each reward's normalised advantage before the batch-wide rescaling: weights (3, 1)
+    # S = 3 (3/2, -1/2, -1/2, -1/2) + (1/2, 1/2, 1/2, -3/2) = (5, -1, -1, -3): mean 0, std sqrt(36 / 3) = sqrt(12)
+    assert_close(decoupled_advantages(per_reward, torch.tensor([3.0, 1.0]), 4, eps=0.0),
+                 torch.tensor([5.0, -1.0, -1.0, -3.0]) / math.sqrt(12))
+
+
+def test_decoupled_advantages_constant_rewards_and_errors():
+    same = torch.ones(6, 3)  # every reward equal inside each group: no signal
+    assert torch.equal(decoupled_advantages(same, torch.ones(3), 3), torch.zeros(6))
+    # Two rewards that trade off inside a group: S is 0 everywhere, so the advantages are exactly 0
+    swap = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    assert torch.equal(decoupled_advantages(swap, torch.ones(2), 2), torch.zeros(2))
+    with pytest.raises(ValueError, match=r"\(N, R\)"):
+        decoupled_advantages(torch.ones(4), torch.ones(1), 2)
+    with pytest.raises(ValueError, match=r"\(N, R\)"):
+        decoupled_advantages(torch.ones(4, 2), torch.ones(3), 2)

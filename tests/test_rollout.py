@@ -131,3 +131,23 @@ def test_generate_stage2_regenerates_only_usable_long_answers():
                                      max_prompt_tokens=5, temperature=0.9, top_p=1.0, max_tokens=8, seed=1, step=0,
                                      rank=0)
     assert result.too_long == 1 and result.completions == [None, None]
+
+
+SMOKE_MODEL = Path(__file__).resolve().parent.parent / "models" / "smoke-llama"
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
+def test_push_into_the_packed_cpu_engine_lands_only_with_the_repack():
+    """vLLM's packed CPU kernels read a copy of each weight made at load time: a perturbed push must fail the
+    probe check when the kernels are not rebuilt, and pass it when `push_weights` rebuilds them (its default)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent / "packed_push.py"
+    done = subprocess.run([sys.executable, str(script), str(SMOKE_MODEL)], capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["packed"] is True
+    assert result["without_repack"]["passed"] is False and result["without_repack"]["gap"] > 1e-2
+    assert result["with_repack"]["passed"] is True and result["with_repack"]["gap"] <= 1e-3

@@ -1,0 +1,70 @@
+"""A weight push into vLLM's packed CPU engine, run in a process of its own (vLLM runs in-process here).
+
+    python tests/packed_push.py MODEL_DIR
+
+Creates the engine as training does (`rollout.make_engine`: vLLM's packed oneDNN/SGL kernels, weights kept),
+perturbs a copy of the model, and pushes it twice: first without rebuilding the packed kernels, then with it
+(what `rollout.push_weights` does by default on the CPU). After each push the probe check of training
+(`rollout.check_sync`) compares vLLM's log-probabilities of a fixed completion with the perturbed model's. Prints
+one JSON line: the worst gap after each push and whether the check passed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+import rollout  # noqa: E402
+
+TOLERANCE = 1e-3  # config.py's sync_tolerance default
+
+
+def trainer_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """`(T,)` log π(completion_t | prompt, completion_<t) from the transformers model."""
+    ids = torch.tensor([prompt + completion])  # (1, P + T)
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()  # (T, V)
+    return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None])[:, 0]  # (T,)
+
+
+def check(llm, prompt, completion, expected) -> dict:
+    vllm = rollout.vllm_token_logprobs(llm, prompt, completion)
+    try:
+        return {"passed": True, "gap": rollout.check_sync(vllm, expected, TOLERANCE)}
+    except rollout.WeightSyncError:
+        return {"passed": False, "gap": float((vllm - expected).abs().max())}
+
+
+def main(model_dir: str) -> None:
+    runtime.single_process_defaults()
+    llm = rollout.make_engine(model_dir, dtype="float32", seed=0, max_model_len=256, gpu_memory_utilization=0.5,
+                              enable_sleep_mode=False)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():  # a large update: every weight moves by ~2 % of a unit normal
+            param.add_(0.02 * torch.randn(param.shape, generator=generator))
+    vocab = model.config.vocab_size
+    prompt, completion = [(7 * i + 3) % vocab for i in range(24)], [(11 * i + 5) % vocab for i in range(16)]
+    expected = trainer_logprobs(model, prompt, completion)
+    weights = [(name, p.detach()) for name, p in model.named_parameters()]
+    without = check_after(llm, weights, prompt, completion, expected, repack=False)
+    with_repack = check_after(llm, weights, prompt, completion, expected, repack=None)  # the default
+    print("RESULT " + json.dumps({"without_repack": without, "with_repack": with_repack,
+                                  "packed": rollout.cpu_kernels_are_packed()}), flush=True)
+
+
+def check_after(llm, weights, prompt, completion, expected, *, repack) -> dict:
+    rollout.push_weights(llm, iter(weights), repack=repack)
+    return check(llm, prompt, completion, expected)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
