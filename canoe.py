@@ -52,6 +52,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import checkpoint
 import data
 import evaluate
+import memory_plan
 import packing
 import rollout
 from config import Config, ConfigError, describe_config, load_config
@@ -152,29 +153,42 @@ def check_paths(cfg: Config, *, train: bool) -> None:
 def check_fits(cfg: Config, num_parameters: int, dtype) -> None:
     """Fail early, with numbers, when the policy cannot be trained in this machine's memory.
 
-    Rough need per rank: weights and gradients in the training dtype, fp32 master weights and two Adam moments
-    (12 bytes/param, sharded over the ranks by ZeRO, or kept on the host with offload_optimizer), the reference
-    model (when β > 0) and vLLM's own copy of the weights. Activations come on top.
+    On a GPU: the memory plan of memory_plan.py (policy, gradients, optimizer state, reference model, activations
+    and vLLM's share, per GPU); its table says what does not fit. On the CPU, roughly: weights and gradients in the
+    training dtype, fp32 master weights and two Adam moments (12 bytes/param, sharded over the ranks by ZeRO), the
+    reference model (when β > 0), vLLM's own copy of the weights and its KV cache. Activations come on top.
     """
-    width = torch.finfo(dtype).bits // 8
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    optimizer = 12 * num_parameters / world
-    need = num_parameters * width * (2 + (1 if cfg.beta else 0) + 1)
     if torch.cuda.is_available():
-        need += 0 if cfg.offload_optimizer else optimizer
-        have = torch.cuda.get_device_properties(0).total_memory
-        if not cfg.vllm_sleep:
-            have *= 1 - cfg.vllm_gpu_memory_utilization
-        where = "GPU"
-    else:
-        need += optimizer + cfg.vllm_cpu_kv_cache_gib * 2**30
-        have = psutil.virtual_memory().available / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        where = "host"
+        plan = memory_plan.plan_memory(cfg, memory_plan.architecture(cfg.model), world_size=world,
+                                       total_bytes=torch.cuda.get_device_properties(0).total_memory,
+                                       sleep=cfg.vllm_sleep and rollout.sleep_supported())
+        if plan.problems():
+            raise SystemExit(f"error: this config does not fit on these GPUs (memory_plan.py):\n{plan.table()}")
+        return
+    width = torch.finfo(dtype).bits // 8
+    need = num_parameters * width * (2 + (1 if cfg.beta else 0) + 1) + 12 * num_parameters / world
+    need += cfg.vllm_cpu_kv_cache_gib * 2**30
+    have = psutil.virtual_memory().available / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if need > have:
         raise SystemExit(
-            f"error: the policy ({num_parameters / 1e9:.2f} B parameters) needs about {need / 2**30:.1f} GiB of {where} "
+            f"error: the policy ({num_parameters / 1e9:.2f} B parameters) needs about {need / 2**30:.1f} GiB of host "
             f"memory per rank before activations, but {have / 2**30:.1f} GiB are available; use zero_stage = 3, "
             f"offload_optimizer = true, more GPUs or a smaller model")
+
+
+def check_engine_can_start(cfg: Config) -> None:
+    """vLLM 0.32 refuses to start unless the GPU's free memory is at least total × gpu_memory_utilization
+    (`request_memory`, vllm/v1/worker/utils.py lines 761-770). The engine is created after the trainer has
+    allocated (a deviation from the original, which gave vLLM a GPU of its own; docs/DESIGN.md, 15), so say in
+    our words, before vLLM does, what the trainer left and where the share comes from."""
+    torch.cuda.empty_cache()  # blocks the trainer freed while loading count as used until released
+    free, total = torch.cuda.mem_get_info()
+    if free < cfg.vllm_gpu_memory_utilization * total:
+        raise SystemExit(
+            f"error: vLLM needs vllm_gpu_memory_utilization × {total / 2**30:.1f} GiB = "
+            f"{cfg.vllm_gpu_memory_utilization * total / 2**30:.1f} GiB free to start, but the trainer left "
+            f"{free / 2**30:.1f} GiB; `python canoe.py --config ... --plan-memory` shows the share that fits")
 
 
 def setup(cfg: Config, *, resume: bool) -> Run:
@@ -229,6 +243,8 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     # engine's context must hold a prompt plus two completions.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.vllm_cpu_kv_cache_gib))))
     sleep = cfg.vllm_sleep and device.type == "cuda" and rollout.sleep_supported()
+    if device.type == "cuda":
+        check_engine_can_start(cfg)
     llm = rollout.make_engine(cfg.model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens,
                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=sleep)
@@ -574,6 +590,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--eval-file", help="with --eval: JSONL or ConFiQA-style JSON (default: config's eval_file)")
     parser.add_argument("--limit", type=int, default=0, help="with --eval: only the first N items")
     parser.add_argument("--describe-config", action="store_true", help="print every config key and exit")
+    parser.add_argument("--plan-memory", action="store_true",
+                        help="print the config's memory plan per GPU (memory_plan.py) and exit; needs no GPU")
+    parser.add_argument("--gpu-gib", type=float, default=80.0, help="with --plan-memory: memory of one GPU, GiB")
+    parser.add_argument("--world-size", type=int, default=8, help="with --plan-memory: number of GPUs (ranks)")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # added by the launcher
     args = parser.parse_args(argv)
     if args.describe_config:
@@ -581,11 +601,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     try:
         cfg = load_config(args.config)
-        if args.eval:
+        if args.plan_memory:
+            plan = memory_plan.plan_memory(cfg, memory_plan.architecture(cfg.model), world_size=args.world_size,
+                                           total_bytes=args.gpu_gib * memory_plan.GIB, sleep=cfg.vllm_sleep)
+            print(f"{args.config} on {args.world_size} GPUs of {args.gpu_gib:g} GiB:\n{plan.table()}")
+        elif args.eval:
             evaluate.main(cfg, model=args.model, eval_file=args.eval_file, limit=args.limit)
         else:
             train(cfg, resume=args.resume)
-    except (ConfigError, data.DataError) as error:  # the user's input, not a bug: the message says what to fix
+    except (ConfigError, data.DataError, memory_plan.ArchitectureError) as error:  # the user's input, not a bug
         raise SystemExit(f"error: {error}") from None
 
 
