@@ -36,8 +36,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -301,10 +300,11 @@ def train_step(run: Run) -> Step:
     rows = [run.rows[i] for i in run.sampler.next_batch()]  # B prompts
 
     # 1. Rollout (vLLM). Stage 1: G samples per prompt. Stage 2: each sample's long answer in place of its
-    #    prompt's context, one new sample from that (None where there is no long answer to put in).
-    with vllm_awake(run):
-        completions = sample_stage1(run, rows)  # N completions, prompt-major
-        stage2 = sample_stage2(run, rows, completions)  # N entries
+    #    prompt's context, one new sample from that (None where there is no long answer to put in). Then vLLM's
+    #    memory goes to the trainer until step 6 (CUDA sleep mode; nothing happens on the CPU).
+    completions = sample_stage1(run, rows)  # N completions, prompt-major
+    stage2 = sample_stage2(run, rows, completions)  # N entries
+    rollout.sleep_engine(run.llm, run.sleep)
 
     # 2. Rewards: the weighted sum of the configured reward functions.
     rewards, reward_means = score(run, rows, completions, stage2)  # (N,)
@@ -333,20 +333,12 @@ def train_step(run: Run) -> Step:
             optimizer_step(run)
         skip_or_stop_on_nonfinite(run, [loss for loss, _ in losses[-len(batches):]])
 
-    # 6. Push the new weights into vLLM and prove that they arrived.
+    # 6. Wake vLLM's weights, push the new ones into them and prove that they arrived (the engine is awake again).
     push_seconds, sync_diff = push_and_verify(run)
 
     run.step += 1
     return Step(rows, completions, stage2, rewards, reward_means, kept, losses, batches, push_seconds, sync_diff,
                 zero_variance_groups(rewards, G))
-
-
-@contextmanager
-def vllm_awake(run: Run) -> Iterator[None]:
-    """vLLM holds its memory only while it samples (CUDA sleep mode; a no-op on the CPU)."""
-    rollout.reclaim_memory(run.llm, run.sleep)
-    yield
-    rollout.release_memory(run.llm, run.sleep)
 
 
 def sampling(run: Run) -> dict[str, Any]:
@@ -521,15 +513,21 @@ def skip_or_stop_on_nonfinite(run: Run, losses: list[torch.Tensor]) -> None:
 @timed("weight_push")
 def push_and_verify(run: Run) -> tuple[float, float]:
     """Push the weights into vLLM, then compare vLLM's and the trainer's logprobs of the probe completion; raises
-    rollout.WeightSyncError when they disagree. Returns (push seconds, max |difference|)."""
+    rollout.WeightSyncError when they disagree. Returns (push seconds, max |difference|).
+
+    With sleep mode the engine arrives asleep (step 1 put it to sleep): its weights are woken first, because a
+    push into a sleeping engine faults on unmapped memory (or, at level 1, is undone by the host copy put back at
+    wake-up), then the KV cache, which the probe needs. The engine leaves awake, ready for the next rollout.
+    """
+    rollout.wake_weights(run.llm, run.sleep)
     push_seconds = rollout.push_weights(run.llm, rollout.iter_full_parameters(run.engine.module, run.cfg.zero_stage))
+    rollout.wake_kv_cache(run.llm, run.sleep)
     prompt, completion = run.probe
     run.engine.eval()
     with torch.no_grad():
         trainer = packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])], run.device))[0]
     run.engine.train()
-    with vllm_awake(run):
-        vllm = rollout.vllm_token_logprobs(run.llm, prompt, completion)
+    vllm = rollout.vllm_token_logprobs(run.llm, prompt, completion)
     return push_seconds, rollout.check_sync(vllm, trainer, run.cfg.sync_tolerance)
 
 
