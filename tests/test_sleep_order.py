@@ -238,3 +238,17 @@ def test_level_2_keeps_no_weights_and_restores_the_buffers():
     llm.wake_up(tags=["weights"])
     assert all(math.isnan(float(p.flatten()[0])) for p in llm.model.parameters())
     assert all(torch.equal(b, buffers[n]) for n, b in llm.model.named_buffers())
+
+
+def test_flash_attention_is_refused_through_the_deepspeed_engine(process_group):
+    """packing's guard reads the attention setting of the model a DeepSpeed engine wraps (the engine's own
+    `.config` is DeepSpeed's config dict, which has no attention setting)."""
+    import packing
+
+    model = tiny_model()
+    model.config._attn_implementation = "flash_attention_2"
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
+                                      config=canoe.deepspeed_config(Config(), 1, torch.float32, train=True))
+    assert isinstance(engine.config, dict)  # DeepSpeed's, not the model's
+    with pytest.raises(ValueError, match="4D attention mask"):
+        packing.attention_mask(engine, packing.pack([([1, 2], [[3]])]).allowed)
