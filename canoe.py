@@ -387,6 +387,7 @@ def score(run: Run, rows: list[dict], completions, stage2) -> tuple[torch.Tensor
     """
     G, names = run.cfg.num_generations, list(run.cfg.rewards)
     issues_before, timeouts_before = sum(REWARD_ISSUES.values()), run.grader.timeouts
+    errors_before = run.grader.errors
     columns = {key: [row[key] for row in rows for _ in range(G)] for key in rows[0] if key != "prompt_ids"}
     messages = [[{"role": "assistant", "content": c.text}] for c in completions]
     long_answer = [None if c is None else [{"role": "assistant", "content": c.text}] for c in stage2.completions]
@@ -399,6 +400,7 @@ def score(run: Run, rows: list[dict], completions, stage2) -> tuple[torch.Tensor
     means = {f"reward/{name}": float(per_reward[:, j].mean()) for j, name in enumerate(names)}
     means["reward/issues"] = sum(REWARD_ISSUES.values()) - issues_before
     means["reward/timeouts"] = run.grader.timeouts - timeouts_before
+    means["reward/grader_errors"] = run.grader.errors - errors_before  # a worker raised: string match decided
     # The evaluation metric, watched during training: normalised exact match of the stage-1 answers.
     em = [data.exact_match(data.answer_span(c.text), data.answer_span(s)) for c, s in zip(completions, columns["solution"])]
     means["faithfulness/em"] = sum(em) / len(em)
