@@ -19,6 +19,8 @@ Deliberate differences from the original CANOE code (a modified TRL GRPOTrainer)
 - sampling is seeded per step and rank, so `--resume` reproduces the uninterrupted run;
 - `system_prompt` and `response_prefix` can be set in the config (the original hard-coded its system prompt);
 - a micro-batch is scored with each prompt once (packing.py), not once per completion;
+- vLLM shares each GPU with the trainer and is created after it, with a share from memory_plan.py (the original
+  gave vLLM a GPU of its own); on CUDA it sleeps at level 2 from the end of sampling until the push;
 - optional, all off by default: μ updates per rollout, truncated importance sampling against vLLM's
   log-probabilities, and the Dr. GRPO / DAPO / GSPO loss options of grpo_loss.py.
 Stage-2 completions are scored only, never trained on (docs/DESIGN.md, "Rollout").
