@@ -19,6 +19,8 @@ Deliberate differences from the original CANOE code (a modified TRL GRPOTrainer)
 - sampling is seeded per step and rank, so `--resume` reproduces the uninterrupted run;
 - `system_prompt` and `response_prefix` can be set in the config (the original hard-coded its system prompt);
 - a micro-batch is scored with each prompt once (packing.py), not once per completion;
+- vLLM shares each GPU with the trainer and is created after it, with a share from memory_plan.py (the original
+  gave vLLM a GPU of its own); on CUDA it sleeps at level 2 from the end of sampling until the push;
 - optional, all off by default: μ updates per rollout, truncated importance sampling against vLLM's
   log-probabilities, and the Dr. GRPO / DAPO / GSPO loss options of grpo_loss.py.
 Stage-2 completions are scored only, never trained on (docs/DESIGN.md, "Rollout").
@@ -36,8 +38,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import checkpoint
 import data
 import evaluate
+import memory_plan
 import packing
 import rollout
 from config import Config, ConfigError, describe_config, load_config
@@ -157,29 +159,42 @@ def check_paths(cfg: Config, *, train: bool) -> None:
 def check_fits(cfg: Config, num_parameters: int, dtype) -> None:
     """Fail early, with numbers, when the policy cannot be trained in this machine's memory.
 
-    Rough need per rank: weights and gradients in the training dtype, fp32 master weights and two Adam moments
-    (12 bytes/param, sharded over the ranks by ZeRO, or kept on the host with offload_optimizer), the reference
-    model (when β > 0) and vLLM's own copy of the weights. Activations come on top.
+    On a GPU: the memory plan of memory_plan.py (policy, gradients, optimizer state, reference model, activations
+    and vLLM's share, per GPU); its table says what does not fit. On the CPU, roughly: weights and gradients in the
+    training dtype, fp32 master weights and two Adam moments (12 bytes/param, sharded over the ranks by ZeRO), the
+    reference model (when β > 0), vLLM's own copy of the weights and its KV cache. Activations come on top.
     """
-    width = torch.finfo(dtype).bits // 8
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    optimizer = 12 * num_parameters / world
-    need = num_parameters * width * (2 + (1 if cfg.beta else 0) + 1)
     if torch.cuda.is_available():
-        need += 0 if cfg.offload_optimizer else optimizer
-        have = torch.cuda.get_device_properties(0).total_memory
-        if not cfg.vllm_sleep:
-            have *= 1 - cfg.vllm_gpu_memory_utilization
-        where = "GPU"
-    else:
-        need += optimizer + cfg.vllm_cpu_kv_cache_gib * 2**30
-        have = psutil.virtual_memory().available / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        where = "host"
+        plan = memory_plan.plan_memory(cfg, memory_plan.architecture(cfg.model), world_size=world,
+                                       total_bytes=torch.cuda.get_device_properties(0).total_memory,
+                                       sleep=cfg.vllm_sleep and rollout.sleep_supported())
+        if plan.problems():
+            raise SystemExit(f"error: this config does not fit on these GPUs (memory_plan.py):\n{plan.table()}")
+        return
+    width = torch.finfo(dtype).bits // 8
+    need = num_parameters * width * (2 + (1 if cfg.beta else 0) + 1) + 12 * num_parameters / world
+    need += cfg.vllm_cpu_kv_cache_gib * 2**30
+    have = psutil.virtual_memory().available / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if need > have:
         raise SystemExit(
-            f"error: the policy ({num_parameters / 1e9:.2f} B parameters) needs about {need / 2**30:.1f} GiB of {where} "
+            f"error: the policy ({num_parameters / 1e9:.2f} B parameters) needs about {need / 2**30:.1f} GiB of host "
             f"memory per rank before activations, but {have / 2**30:.1f} GiB are available; use zero_stage = 3, "
             f"offload_optimizer = true, more GPUs or a smaller model")
+
+
+def check_engine_can_start(cfg: Config) -> None:
+    """vLLM 0.32 refuses to start unless the GPU's free memory is at least total × gpu_memory_utilization
+    (`request_memory`, vllm/v1/worker/utils.py lines 761-770). The engine is created after the trainer has
+    allocated (a deviation from the original, which gave vLLM a GPU of its own; docs/DESIGN.md, 15), so say in
+    our words, before vLLM does, what the trainer left and where the share comes from."""
+    torch.cuda.empty_cache()  # blocks the trainer freed while loading count as used until released
+    free, total = torch.cuda.mem_get_info()
+    if free < cfg.vllm_gpu_memory_utilization * total:
+        raise SystemExit(
+            f"error: vLLM needs vllm_gpu_memory_utilization × {total / 2**30:.1f} GiB = "
+            f"{cfg.vllm_gpu_memory_utilization * total / 2**30:.1f} GiB free to start, but the trainer left "
+            f"{free / 2**30:.1f} GiB; `python canoe.py --config ... --plan-memory` shows the share that fits")
 
 
 def setup(cfg: Config, *, resume: bool) -> Run:
@@ -236,6 +251,8 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     # engine's context must hold a prompt plus two completions.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.vllm_cpu_kv_cache_gib))))
     sleep = cfg.vllm_sleep and device.type == "cuda" and rollout.sleep_supported()
+    if device.type == "cuda":
+        check_engine_can_start(cfg)
     llm = rollout.make_engine(cfg.model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens,
                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=sleep)
@@ -292,10 +309,11 @@ def train_step(run: Run) -> Step:
     rows = [run.rows[i] for i in run.sampler.next_batch()]  # B prompts
 
     # 1. Rollout (vLLM). Stage 1: G samples per prompt. Stage 2: each sample's long answer in place of its
-    #    prompt's context, one new sample from that (None where there is no long answer to put in).
-    with vllm_awake(run):
-        completions = sample_stage1(run, rows)  # N completions, prompt-major
-        stage2 = sample_stage2(run, rows, completions)  # N entries
+    #    prompt's context, one new sample from that (None where there is no long answer to put in). Then vLLM's
+    #    memory goes to the trainer until step 6 (CUDA sleep mode; nothing happens on the CPU).
+    completions = sample_stage1(run, rows)  # N completions, prompt-major
+    stage2 = sample_stage2(run, rows, completions)  # N entries
+    rollout.sleep_engine(run.llm, run.sleep)
 
     # 2. Rewards: each configured reward function, and their weighted sum.
     per_reward, reward_means = score(run, rows, completions, stage2)  # (N, R)
@@ -330,20 +348,12 @@ def train_step(run: Run) -> Step:
             optimizer_step(run)
         skip_or_stop_on_nonfinite(run, [loss for loss, _ in losses[-len(batches):]])
 
-    # 6. Push the new weights into vLLM and prove that they arrived.
+    # 6. Wake vLLM's weights, push the new ones into them and prove that they arrived (the engine is awake again).
     push_seconds, sync_diff = push_and_verify(run)
 
     run.step += 1
     return Step(rows, completions, stage2, rewards, reward_means, kept, losses, batches, push_seconds, sync_diff,
                 zero_variance_groups(rewards, G))
-
-
-@contextmanager
-def vllm_awake(run: Run) -> Iterator[None]:
-    """vLLM holds its memory only while it samples (CUDA sleep mode; a no-op on the CPU)."""
-    rollout.reclaim_memory(run.llm, run.sleep)
-    yield
-    rollout.release_memory(run.llm, run.sleep)
 
 
 def sampling(run: Run) -> dict[str, Any]:
@@ -417,6 +427,7 @@ def score(run: Run, rows: list[dict], completions, stage2) -> tuple[torch.Tensor
     """
     G, names = run.cfg.num_generations, list(run.cfg.rewards)
     issues_before, timeouts_before = sum(REWARD_ISSUES.values()), run.grader.timeouts
+    errors_before = run.grader.errors
     columns = reward_columns(rows, G)
     messages = [[{"role": "assistant", "content": c.text}] for c in completions]
     long_answer = [None if c is None else [{"role": "assistant", "content": c.text}] for c in stage2.completions]
@@ -431,6 +442,7 @@ def score(run: Run, rows: list[dict], completions, stage2) -> tuple[torch.Tensor
     means |= {f"signal/{name}": float(varies[j]) for j, name in enumerate(names)}
     means["reward/issues"] = sum(REWARD_ISSUES.values()) - issues_before
     means["reward/timeouts"] = run.grader.timeouts - timeouts_before
+    means["reward/grader_errors"] = run.grader.errors - errors_before  # a worker raised: string match decided
     # The evaluation metric, watched during training: normalised exact match of the stage-1 answers.
     em = [data.exact_match(data.answer_span(c.text), data.answer_span(s)) for c, s in zip(completions, columns["solution"])]
     means["faithfulness/em"] = sum(em) / len(em)
@@ -545,15 +557,21 @@ def skip_or_stop_on_nonfinite(run: Run, losses: list[torch.Tensor]) -> None:
 @timed("weight_push")
 def push_and_verify(run: Run) -> tuple[float, float]:
     """Push the weights into vLLM, then compare vLLM's and the trainer's logprobs of the probe completion; raises
-    rollout.WeightSyncError when they disagree. Returns (push seconds, max |difference|)."""
+    rollout.WeightSyncError when they disagree. Returns (push seconds, max |difference|).
+
+    With sleep mode the engine arrives asleep (step 1 put it to sleep): its weights are woken first, because a
+    push into a sleeping engine faults on unmapped memory (or, at level 1, is undone by the host copy put back at
+    wake-up), then the KV cache, which the probe needs. The engine leaves awake, ready for the next rollout.
+    """
+    rollout.wake_weights(run.llm, run.sleep)
     push_seconds = rollout.push_weights(run.llm, rollout.iter_full_parameters(run.engine.module, run.cfg.zero_stage))
+    rollout.wake_kv_cache(run.llm, run.sleep)
     prompt, completion = run.probe
     run.engine.eval()
     with torch.no_grad():
         trainer = packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])], run.device))[0]
     run.engine.train()
-    with vllm_awake(run):
-        vllm = rollout.vllm_token_logprobs(run.llm, prompt, completion)
+    vllm = rollout.vllm_token_logprobs(run.llm, prompt, completion)
     return push_seconds, rollout.check_sync(vllm, trainer, run.cfg.sync_tolerance)
 
 
@@ -614,6 +632,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--eval-file", help="with --eval: JSONL or ConFiQA-style JSON (default: config's eval_file)")
     parser.add_argument("--limit", type=int, default=0, help="with --eval: only the first N items")
     parser.add_argument("--describe-config", action="store_true", help="print every config key and exit")
+    parser.add_argument("--plan-memory", action="store_true",
+                        help="print the config's memory plan per GPU (memory_plan.py) and exit; needs no GPU")
+    parser.add_argument("--gpu-gib", type=float, default=80.0, help="with --plan-memory: memory of one GPU, GiB")
+    parser.add_argument("--world-size", type=int, default=8, help="with --plan-memory: number of GPUs (ranks)")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # added by the launcher
     args = parser.parse_args(argv)
     if args.describe_config:
@@ -621,11 +643,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     try:
         cfg = load_config(args.config)
-        if args.eval:
+        if args.plan_memory:
+            plan = memory_plan.plan_memory(cfg, memory_plan.architecture(cfg.model), world_size=args.world_size,
+                                           total_bytes=args.gpu_gib * memory_plan.GIB, sleep=cfg.vllm_sleep)
+            print(f"{args.config} on {args.world_size} GPUs of {args.gpu_gib:g} GiB:\n{plan.table()}")
+        elif args.eval:
             evaluate.main(cfg, model=args.model, eval_file=args.eval_file, limit=args.limit)
         else:
             train(cfg, resume=args.resume)
-    except (ConfigError, data.DataError) as error:  # the user's input, not a bug: the message says what to fix
+    except (ConfigError, data.DataError, memory_plan.ArchitectureError) as error:  # the user's input, not a bug
         raise SystemExit(f"error: {error}") from None
 
 

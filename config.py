@@ -66,7 +66,7 @@ class Config:
     temperature: float = _key(0.9, "sampling temperature, stage 1 and stage 2")
     top_p: float = _key(1.0, "nucleus sampling, stage 1 and stage 2")
     dual: bool = _key(True, "run stage 2 (CANOE's do_long_answer); without it influence is always 0")
-    vllm_gpu_memory_utilization: float = _key(0.7, "share of GPU memory vLLM may take (GPU only)")
+    vllm_gpu_memory_utilization: float = _key(0.7, "share of GPU memory vLLM may take (GPU only; `--plan-memory` shows what fits)")
     vllm_cpu_kv_cache_gib: float = _key(1.0, "vLLM KV cache size on a CPU, GiB")
     vllm_sleep: bool = _key(True, "release vLLM's memory during training where the platform supports it (CUDA)")
     sync_tolerance: float = _key(1e-3, "max |logprob difference| between vLLM and trainer after a push")

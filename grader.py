@@ -38,6 +38,7 @@ import functools
 import logging
 import re
 import threading
+import warnings
 from fractions import Fraction
 
 from latex2sympy2_extended.latex2sympy2 import NormalizationConfig
@@ -45,7 +46,6 @@ from math_verify import LatexExtractionConfig, parse, verify
 
 from deadline import DeadlinePool
 
-logger = logging.getLogger(__name__)
 
 # ============================================================================ 1. CANOE accuracy: text or math?
 
@@ -291,7 +291,8 @@ class MathGrader:
     Counters (cumulative, for the trainer to log as per-step deltas):
       timeouts -- graded pairs that hit the deadline or crashed their worker (the worker is replaced, the pair
                   falls back to exact string match). Identical pairs in one batch are graded once, counted once.
-      errors   -- pairs whose grading raised inside the worker (also string match; first one logged).
+      errors   -- pairs whose grading raised inside the worker (also string match); the first one is a
+                  RuntimeWarning with the exception, and the trainer logs the count as reward/grader_errors.
       slowest_s -- the longest time any single pair took, timeouts included.
     """
 
@@ -344,8 +345,10 @@ class MathGrader:
                 continue
             if outcome.status == "error":
                 self.errors += 1
-                if self.errors == 1:
-                    logger.warning("grader job failed (%s); counted in MathGrader.errors from now on", outcome.value)
+                if self.errors == 1:  # once per grader: the trainer logs the count every step (reward/grader_errors)
+                    warnings.warn(f"a grading worker raised ({outcome.value}); that pair fell back to string match, "
+                                  f"and such errors are counted in MathGrader.errors from now on", RuntimeWarning,
+                                  stacklevel=3)
             else:
                 self.timeouts += 1
             results.append(fallback)

@@ -77,7 +77,7 @@ class Step:
     completions: list  # N rollout.Completion
     stage2: Any  # rollout.Stage2, N entries
     rewards: torch.Tensor  # (N,) weighted totals
-    reward_means: dict[str, float]  # reward/<name>, reward/issues, reward/timeouts, faithfulness/em
+    reward_means: dict[str, float]  # reward/<name>, reward/issues, reward/timeouts, reward/grader_errors, faithfulness/em
     kept: torch.Tensor  # (N,) bool, the sequences that entered the loss
     losses: list[tuple[torch.Tensor, dict]]  # (loss, grpo_loss metrics) per micro-batch and pass
     batches: list  # the micro-batches (for their token counts)

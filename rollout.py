@@ -343,12 +343,28 @@ def sleep_supported() -> bool:
     return current_platform.is_sleep_mode_available()
 
 
-def release_memory(llm, enabled: bool) -> None:
-    """Free vLLM's KV cache and offload its weights while the trainer runs (level 1: weights are kept on host)."""
+def sleep_engine(llm, enabled: bool) -> None:
+    """Give vLLM's memory to the trainer after sampling: sleep at level 2, which unmaps the weights and the KV cache.
+
+    The engine stays asleep through the update; `wake_weights`, the push and `wake_kv_cache` follow, in that order,
+    so that weights are only ever written into mapped memory. Level 2 rather than 1: at level 1 vLLM copies every
+    weight allocation to a host buffer at each sleep and copies it back at wake-up (vllm/device_allocator/cumem.py
+    lines 265-276 and 352-360; vllm/device_allocator/sleep_mode_backend.py lines 127-137), about 15 GiB each way
+    per rank and step for an 8B model in bfloat16, and what comes back is the pre-update copy that the push
+    overwrites in full. At level 2 only the module buffers (rotary tables) are kept on the host and put back when
+    the weights wake (vllm/v1/worker/gpu_worker.py lines 300-310 and 340-346); every parameter is pushed.
+    """
     if enabled:
-        llm.sleep(level=1)
+        llm.sleep(level=2)
 
 
-def reclaim_memory(llm, enabled: bool) -> None:
+def wake_weights(llm, enabled: bool) -> None:
+    """Map vLLM's weight memory again (its contents are undefined after a level-2 sleep until the push)."""
     if enabled:
-        llm.wake_up()
+        llm.wake_up(tags=["weights"])
+
+
+def wake_kv_cache(llm, enabled: bool) -> None:
+    """Map the KV cache again; vLLM serves requests only once nothing sleeps (vllm/v1/engine/core.py 1012-1016)."""
+    if enabled:
+        llm.wake_up(tags=["kv_cache"])

@@ -207,7 +207,7 @@ def fake_run(cfg: Config, tmp_path: Path):
     """What canoe.score reads of a Run: the config, a grader's counters, the output folder and the phase times."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(cfg=cfg, grader=SimpleNamespace(timeouts=0), out=tmp_path, times={})
+    return SimpleNamespace(cfg=cfg, grader=SimpleNamespace(timeouts=0, errors=0), out=tmp_path, times={})
 
 
 def test_score_passes_the_union_of_the_rows_fields(tmp_path, monkeypatch):

@@ -268,6 +268,15 @@ def test_job_error_is_counted_not_raised(math_grader):
     assert math_grader.errors == before + 1
 
 
+def test_the_first_job_error_warns_once_with_the_exception():
+    with MathGrader(workers=1, deadline_s=DEADLINE_S) as fresh:
+        with pytest.warns(RuntimeWarning, match="no_such_job: KeyError") as caught:
+            assert fresh._run("no_such_job", [("a", "a"), ("b", "b")], [True, False]) == [True, False]
+            fresh._run("no_such_job", [("c", "c")], [True])
+        assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+        assert fresh.errors == 3
+
+
 def test_deadline_works_off_the_main_thread(math_grader):
     results = {}
 

@@ -1,0 +1,239 @@
+"""The memory plan: what each GPU holds when vLLM is colocated with the trainer, predicted from the config alone.
+
+    python canoe.py --config recipes/llama3.1-8b.toml --plan-memory [--gpu-gib 80] [--world-size 8]
+
+The original CANOE recipes ran vLLM on a GPU of its own with `gpu_memory_utilization` 0.7 (14B: 0.15). Here the
+engine lives in every training process (rollout.py), and vLLM 0.32 refuses to start unless the device's free
+memory is at least total × `gpu_memory_utilization` (`request_memory`, vllm/v1/worker/utils.py lines 716-772,
+called at start-up from vllm/v1/worker/gpu_worker.py lines 534-537). The engine is created after the trainer has
+allocated (canoe.setup), so its share must fit in what the policy, its gradients and optimizer state and the
+reference model leave free; the plan below derives that share, and each recipe's `vllm_gpu_memory_utilization`
+comes from it (a named deviation: docs/DESIGN.md, "Deliberate differences", 15).
+
+Per GPU, with P parameters, w bytes per value of the training dtype and W ranks (ZeRO partitions over W):
+
+    resident all step      policy weights      w·P (ZeRO-2)            w·P/W (ZeRO-3)
+                           gradients           w·P/W partition + 4·P/W float32 copy at the step + the reduce
+                                               bucket (DeepSpeed stage_1_and_2.py line 3118; with offload only
+                                               the bucket stays on the GPU)
+                           optimizer state     12·P/W (float32 master weights and two Adam moments; 0 with offload)
+                           ZeRO-3 gathering    stage3_max_live_parameters · w (DeepSpeed's default 1e9)
+                           reference model     w·P (ZeRO-2: a plain copy on every GPU)  w·P/W (ZeRO-3); 0 when β = 0
+                           CUDA context        a fixed reserve (context, allocator fragmentation)
+    training only          activations         one micro-batch packed into one row (packing.py), worst case:
+                                               L = prompts_per_device · (max_prompt + G · max_completion) tokens,
+                                               T = prompts_per_device · G · max_completion predicted tokens
+                                               - layer inputs (gradient checkpointing): layers · L · h · w, plus one
+                                                 layer recomputed, L · (7h + 3·kv + 4·I) · w (without checkpointing
+                                                 every layer keeps that much)
+                                               - logits and their gradient: 2 · T · V · w
+                                               - the attention mask and its boolean form: L² · (w + 1)
+    rollout only           vLLM                the share × total: weights w·P (tensor parallel 1), its working
+                                               memory (profile-run peak and CUDA graphs) and the KV cache, which
+                                               gets the rest (2 · layers · kv · w bytes per token)
+
+With sleep mode (CUDA) vLLM is asleep at level 2 while the trainer trains (rollout.py, "Memory hand-over"), so the
+peak is the larger of resident + activations and resident + share × total; without it both add up.
+
+The 7h + 3·kv + 4·I elements per token of a decoder layer count what one Llama/Qwen2 layer saves for backward:
+the two RMSNorm inputs and outputs (4h), q, k, v and the rotated q, k (2h + 3·kv), the attention output (h), and
+gate, up, act(gate) and act(gate)·up (4I). These are estimates written from the code, not measurements: no GPU
+was at hand. The architecture comes from the model folder's config.json, or, when the folder is not there (the
+recipes name models a user downloads), from `KNOWN_ARCHITECTURES` by the folder's name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 2**30
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+ADAM_BYTES = 12  # float32 master weights, first and second moment, per parameter
+FP32_GRAD_BYTES = 4  # the float32 gradient partition the optimizer steps on
+REDUCE_BUCKET = 5 * 10**8  # DeepSpeed's reduce_bucket_size default (deepspeed/runtime/zero/config.py line 113)
+MAX_LIVE_PARAMETERS = 10**9  # DeepSpeed's stage3_max_live_parameters default (same file, line 245)
+CUDA_RESERVE = 2 * GIB  # CUDA context, NCCL buffers and allocator fragmentation, per GPU (an allowance)
+# vLLM's working memory: its profile run at max_num_batched_tokens (16384 for the LLM class on a GPU of 70 GiB or
+# more, vllm/engine/arg_utils.py lines 2933-2941) keeps one layer's gate/up/act output, its sampler warm-up holds
+# float32 logits for max_num_seqs (1024) sequences, forward and softmax; CUDA graphs get an allowance.
+VLLM_BATCHED_TOKENS = 16384
+VLLM_MAX_SEQS = 1024
+CUDA_GRAPHS = 1 * GIB
+
+
+class ArchitectureError(ValueError):
+    """The plan cannot know the model's architecture."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The facts of a Llama/Qwen2-style decoder that set its memory (names as in a Hugging Face config.json)."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    qkv_bias: bool = False
+    tied_embeddings: bool = False
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def num_parameters(self) -> int:
+        """Embeddings (and an untied output head), per layer q/k/v/o, the gated MLP and two norms, a final norm.
+
+        >>> KNOWN_ARCHITECTURES["Llama-3.1-8B-Instruct"].num_parameters
+        8030261248
+        """
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_dim
+        attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
+        layer = attention + 3 * h * self.intermediate + 2 * h
+        embeddings = self.vocab * h * (1 if self.tied_embeddings else 2)
+        return embeddings + self.layers * layer + h
+
+
+# Used when the model folder is not there (a plan made before the download). From the models' config.json files.
+KNOWN_ARCHITECTURES = {
+    "Llama-3.1-8B-Instruct": Architecture(hidden=4096, layers=32, intermediate=14336, vocab=128256, heads=32,
+                                          kv_heads=8, head_dim=128),
+    "Qwen2.5-7B-Instruct": Architecture(hidden=3584, layers=28, intermediate=18944, vocab=152064, heads=28,
+                                        kv_heads=4, head_dim=128, qkv_bias=True),
+    "Qwen2.5-14B-Instruct": Architecture(hidden=5120, layers=48, intermediate=13824, vocab=152064, heads=40,
+                                         kv_heads=8, head_dim=128, qkv_bias=True),
+}
+
+
+def architecture(model: str) -> Architecture:
+    """The architecture of `model`: its folder's config.json, else KNOWN_ARCHITECTURES by the folder's name."""
+    config = Path(model) / "config.json"
+    if config.exists():
+        raw = json.loads(config.read_text())
+        heads = raw["num_attention_heads"]
+        return Architecture(
+            hidden=raw["hidden_size"], layers=raw["num_hidden_layers"], intermediate=raw["intermediate_size"],
+            vocab=raw["vocab_size"], heads=heads, kv_heads=raw.get("num_key_value_heads", heads),
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            qkv_bias=raw.get("model_type") == "qwen2" or bool(raw.get("attention_bias", False)),
+            tied_embeddings=bool(raw.get("tie_word_embeddings", False)))
+    name = Path(model).name
+    if name in KNOWN_ARCHITECTURES:
+        return KNOWN_ARCHITECTURES[name]
+    raise ArchitectureError(f"no {config} and {name!r} is not one of the known architectures {sorted(KNOWN_ARCHITECTURES)}; "
+                     f"put the model there first")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Bytes per GPU, by part; `parts` maps a name to (bytes, phase), phase "resident", "training" or "rollout"."""
+
+    parts: dict[str, tuple[float, str]]
+    total: float  # the GPU's memory
+    share: float  # vLLM's gpu_memory_utilization
+    sleep: bool  # vLLM sleeps while the trainer trains
+    kv_cache: float  # what the share leaves vLLM for its KV cache
+    kv_per_token: float
+    sequence_tokens: int  # the longest sequence the engine must hold (prompt + two completions)
+
+    def phase(self, name: str) -> float:
+        return sum(size for size, phase in self.parts.values() if phase == name)
+
+    @property
+    def training_peak(self) -> float:
+        vllm = 0.0 if self.sleep else self.phase("rollout")
+        return self.phase("resident") + self.phase("training") + vllm
+
+    @property
+    def rollout_peak(self) -> float:
+        return self.phase("resident") + self.phase("rollout") + (0.0 if self.sleep else self.phase("training"))
+
+    @property
+    def free_at_engine_start(self) -> float:
+        """What the trainer leaves free when the engine is created (after the trainer's set-up, before any step)."""
+        return self.total - self.phase("resident")
+
+    @property
+    def fitting_share(self) -> float:
+        """The largest share, in hundredths, that vLLM can start with beside the trainer and still leave room
+        for the training activations when it does not sleep."""
+        room = self.free_at_engine_start - (0.0 if self.sleep else self.phase("training"))
+        return math.floor(100 * room / self.total) / 100
+
+    def problems(self) -> list[str]:
+        """Why this plan cannot run; empty when it can."""
+        found = []
+        if self.share * self.total > self.free_at_engine_start:
+            found.append(f"vLLM cannot start: it needs {self.share} × {self.total / GIB:.1f} GiB free, the trainer "
+                         f"leaves {self.free_at_engine_start / GIB:.1f} GiB (largest share that fits: "
+                         f"{self.fitting_share})")
+        if self.kv_cache < self.sequence_tokens * self.kv_per_token:
+            found.append(f"the share leaves {self.kv_cache / GIB:.1f} GiB of KV cache, less than one "
+                         f"{self.sequence_tokens}-token sequence ({self.sequence_tokens * self.kv_per_token / GIB:.2f} GiB)")
+        for name, peak in (("training", self.training_peak), ("rollout", self.rollout_peak)):
+            if peak > self.total:
+                found.append(f"the {name} phase needs {peak / GIB:.1f} GiB of {self.total / GIB:.1f} GiB")
+        return found
+
+    def table(self) -> str:
+        lines = [f"{'part':<44}{'GiB':>8}  phase"]
+        lines += [f"{name:<44}{size / GIB:>8.2f}  {phase}" for name, (size, phase) in self.parts.items()]
+        sequences = self.kv_cache / (self.kv_per_token * self.sequence_tokens)
+        lines += [
+            f"  (the KV cache holds {sequences:.1f} sequences of {self.sequence_tokens} tokens)",
+            f"{'peak while training' + (' (vLLM asleep)' if self.sleep else ''):<44}{self.training_peak / GIB:>8.2f}",
+            f"{'peak while sampling':<44}{self.rollout_peak / GIB:>8.2f}",
+            f"{'free when vLLM starts (it asks share × total)':<44}{self.free_at_engine_start / GIB:>8.2f}",
+            f"{'GPU':<44}{self.total / GIB:>8.2f}",
+            f"vLLM share {self.share} (largest that fits: {self.fitting_share})",
+        ]
+        problems = self.problems()
+        lines.append("does not fit: " + "; ".join(problems) if problems else "fits")
+        return "\n".join(lines)
+
+
+def activation_bytes(cfg, arch: Architecture, width: int) -> dict[str, float]:
+    """The training activations of one micro-batch, worst case (every completion at max_completion_tokens)."""
+    L = cfg.prompts_per_device * (cfg.max_prompt_tokens + cfg.num_generations * cfg.max_completion_tokens)
+    T = cfg.prompts_per_device * cfg.num_generations * cfg.max_completion_tokens
+    per_layer = L * (7 * arch.hidden + 3 * arch.kv_dim + 4 * arch.intermediate) * width
+    if cfg.gradient_checkpointing:
+        layers = arch.layers * L * arch.hidden * width + per_layer
+    else:
+        layers = arch.layers * per_layer
+    return {"activations: layers": layers, "activations: logits and their gradient": 2 * T * arch.vocab * width,
+            "activations: attention mask": L * L * (width + 1)}
+
+
+def plan_memory(cfg, arch: Architecture, *, world_size: int, total_bytes: float, sleep: bool = True) -> Plan:
+    """The per-GPU plan of `cfg` (a config.Config) on `world_size` GPUs of `total_bytes` each."""
+    width = DTYPE_BYTES["bfloat16" if cfg.dtype == "auto" else cfg.dtype]
+    P, W, zero3 = arch.num_parameters, world_size, cfg.zero_stage == 3
+    weights = width * P / W if zero3 else width * P
+    bucket = REDUCE_BUCKET * width * (2 if zero3 else 1)  # overlap_comm is on by default only for ZeRO-3
+    gradients = bucket if cfg.offload_optimizer else (width + FP32_GRAD_BYTES) * P / W + bucket
+    parts: dict[str, tuple[float, str]] = {
+        f"policy weights (ZeRO-{cfg.zero_stage}, {W} ranks)": (weights, "resident"),
+        "gradients": (gradients, "resident"),
+        "optimizer state" + (" (offloaded to the host)" if cfg.offload_optimizer else ""):
+            (0.0 if cfg.offload_optimizer else ADAM_BYTES * P / W, "resident"),
+    }
+    if zero3:
+        parts["ZeRO-3 gathered parameters"] = (min(P, MAX_LIVE_PARAMETERS) * width, "resident")
+    parts["reference model"] = (weights if cfg.beta > 0 else 0.0, "resident")
+    parts["CUDA context and fragmentation"] = (CUDA_RESERVE, "resident")
+    parts |= {name: (size, "training") for name, size in activation_bytes(cfg, arch, width).items()}
+    share = cfg.vllm_gpu_memory_utilization
+    working = VLLM_BATCHED_TOKENS * 3 * arch.intermediate * width + 2 * VLLM_MAX_SEQS * arch.vocab * 4 + CUDA_GRAPHS
+    parts["vLLM: weights"] = (width * P, "rollout")
+    parts["vLLM: working memory"] = (working, "rollout")
+    kv_cache = max(0.0, share * total_bytes - width * P - working)  # vLLM sizes it so (gpu_worker.py line 741)
+    parts["vLLM: KV cache (the rest of its share)"] = (kv_cache, "rollout")
+    return Plan(parts, total_bytes, share, sleep, kv_cache, kv_per_token=2 * arch.layers * arch.kv_dim * width,
+                sequence_tokens=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens)

@@ -1,0 +1,118 @@
+"""memory_plan.py: parameter counts, the Llama-3.1-8B plan computed by hand, and every shipped config's plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+import canoe
+import memory_plan
+from config import load_config
+from memory_plan import GIB, KNOWN_ARCHITECTURES, architecture, plan_memory
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = sorted((ROOT / "recipes").glob("*.toml"))
+
+
+@pytest.mark.parametrize("name, published", [("Llama-3.1-8B-Instruct", 8.03e9), ("Qwen2.5-7B-Instruct", 7.62e9),
+                                             ("Qwen2.5-14B-Instruct", 14.77e9)])
+def test_parameter_count_reproduces_the_published_one(name, published):
+    assert KNOWN_ARCHITECTURES[name].num_parameters == pytest.approx(published, abs=0.005e9)
+
+
+def test_llama_parameter_count_by_hand():
+    h, I, V, layers = 4096, 14336, 128256, 32
+    q_and_o = 2 * h * h  # 32 heads × 128 = 4096 wide
+    k_and_v = 2 * h * 1024  # 8 KV heads × 128
+    layer = q_and_o + k_and_v + 3 * h * I + 2 * h  # + gate, up, down and two RMSNorms
+    assert layer == 218_112_000
+    assert KNOWN_ARCHITECTURES["Llama-3.1-8B-Instruct"].num_parameters == 2 * V * h + layers * layer + h == 8_030_261_248
+
+
+def test_llama_8b_plan_by_hand():
+    cfg = load_config(ROOT / "recipes" / "llama3.1-8b.toml")
+    assert (cfg.zero_stage, cfg.prompts_per_device, cfg.num_generations, cfg.beta) == (2, 2, 7, 0.04)
+    assert (cfg.max_prompt_tokens, cfg.max_completion_tokens, cfg.gradient_checkpointing) == (1024, 1024, True)
+    plan = plan_memory(cfg, architecture(cfg.model), world_size=8, total_bytes=80 * GIB)
+    P, total = 8_030_261_248, 85_899_345_920  # 80 GiB
+    parts = {name: size for name, (size, _) in plan.parts.items()}
+
+    # resident: bf16 policy on every GPU (ZeRO-2), gradients (bf16 partition + fp32 copy over 8 ranks + a 5e8
+    # bf16 reduce bucket), Adam's 12 bytes over 8 ranks, a bf16 reference on every GPU, the 2 GiB reserve
+    assert parts["policy weights (ZeRO-2, 8 ranks)"] == 2 * P == 16_060_522_496
+    assert parts["gradients"] == 6 * P / 8 + 10**9 == 7_022_695_936
+    assert parts["optimizer state"] == 12 * P / 8 == 12_045_391_872
+    assert parts["reference model"] == 16_060_522_496
+    resident = 16_060_522_496 + 7_022_695_936 + 12_045_391_872 + 16_060_522_496 + 2 * GIB
+    assert plan.phase("resident") == resident == 53_336_616_448  # 49.67 GiB
+
+    # training: L = 2 × (1024 + 7 × 1024) = 16384 packed tokens, T = 2 × 7 × 1024 = 14336 predicted ones
+    assert parts["activations: layers"] == 32 * 16384 * 4096 * 2 + 16384 * (7 * 4096 + 3 * 1024 + 4 * 14336) * 2
+    assert parts["activations: layers"] == 4_294_967_296 + 2_919_235_584
+    assert parts["activations: logits and their gradient"] == 2 * 14336 * 128256 * 2 == 7_354_712_064
+    assert parts["activations: attention mask"] == 16384**2 * 3 == 805_306_368
+    assert plan.training_peak == resident + 7_214_202_880 + 7_354_712_064 + 805_306_368 == 68_710_837_760  # 64.0 GiB
+
+    # rollout: vLLM's share 0.36 of 80 GiB = weights + working memory + KV cache
+    working = 16384 * 3 * 14336 * 2 + 2 * 1024 * 128256 * 4 + GIB
+    assert parts["vLLM: working memory"] == working == 3_533_701_120
+    assert plan.kv_cache == pytest.approx(0.36 * total - 2 * P - working) == pytest.approx(11_329_540_915.2)
+    assert plan.kv_per_token == 2 * 32 * 8 * 128 * 2 == 131_072  # K and V, every layer, bf16
+    assert plan.rollout_peak == pytest.approx(resident + 0.36 * total)  # 78.47 GiB
+    # vLLM starts after the trainer: free = 80 GiB − resident = 30.33 GiB, so the share may be at most 0.379
+    assert plan.free_at_engine_start == total - resident == 32_562_729_472
+    assert plan.fitting_share == 0.37
+    assert plan.problems() == []
+
+
+def test_the_original_shares_cannot_start_beside_the_trainer():
+    cfg = dataclasses.replace(load_config(ROOT / "recipes" / "llama3.1-8b.toml"), vllm_gpu_memory_utilization=0.7)
+    problems = plan_memory(cfg, architecture(cfg.model), world_size=8, total_bytes=80 * GIB).problems()
+    assert any("vLLM cannot start" in p for p in problems)
+    cfg = dataclasses.replace(load_config(ROOT / "recipes" / "qwen2.5-14b.toml"), zero_stage=2,
+                              vllm_gpu_memory_utilization=0.15)
+    problems = plan_memory(cfg, architecture(cfg.model), world_size=8, total_bytes=80 * GIB).problems()
+    assert any("KV cache" in p for p in problems) and any("rollout phase" in p for p in problems)
+
+
+def test_without_sleep_the_activations_and_vllm_add_up():
+    cfg = load_config(ROOT / "recipes" / "llama3.1-8b.toml")
+    asleep = plan_memory(cfg, architecture(cfg.model), world_size=8, total_bytes=80 * GIB)
+    awake = plan_memory(cfg, architecture(cfg.model), world_size=8, total_bytes=80 * GIB, sleep=False)
+    assert awake.training_peak == pytest.approx(asleep.phase("resident") + asleep.phase("training")
+                                                + asleep.phase("rollout"))
+    assert awake.problems() and awake.fitting_share < asleep.fitting_share
+
+
+@pytest.mark.parametrize("recipe", ["llama3.1-8b", "qwen2.5-7b", "qwen2.5-14b"])
+def test_each_gpu_recipe_fits_8_gpus_of_80_gib(recipe, capsys):
+    canoe.main(["--config", str(ROOT / "recipes" / f"{recipe}.toml"), "--plan-memory", "--gpu-gib", "80"])
+    out = capsys.readouterr().out
+    assert "on 8 GPUs of 80 GiB" in out and "peak while sampling" in out
+    assert out.rstrip().endswith("fits"), out
+
+
+@pytest.mark.parametrize("path", [ROOT / "config.toml", *RECIPES], ids=lambda p: p.name)
+def test_the_plan_prints_for_every_config(path, capsys):
+    canoe.main(["--config", str(path), "--plan-memory"])
+    assert "vLLM: KV cache" in capsys.readouterr().out
+
+
+def test_architecture_comes_from_config_json_when_the_folder_exists(tmp_path):
+    folder = tmp_path / "Llama-3.1-8B-Instruct"  # a known name, but the folder's own config wins
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+        "vocab_size": 100, "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True}))
+    arch = architecture(str(folder))
+    assert (arch.head_dim, arch.kv_dim, arch.qkv_bias, arch.tied_embeddings) == (16, 32, False, True)
+    # 100 × 64 embeddings (tied) + 2 × (q, o: 2 × 64 × 64; k, v: 2 × 64 × 32; MLP 3 × 64 × 128; norms 128) + 64
+    assert arch.num_parameters == 6400 + 2 * (8192 + 4096 + 24576 + 128) + 64
+
+
+def test_an_unknown_model_without_its_folder_is_an_error_naming_it():
+    with pytest.raises(memory_plan.ArchitectureError, match="Mystery-3B"):
+        architecture("models/Mystery-3B")

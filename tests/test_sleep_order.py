@@ -1,0 +1,256 @@
+"""The training step's order against vLLM 0.32's sleep mode, with an engine that stands in for a CUDA run.
+
+A CUDA run with vLLM's sleep mode cannot be done on our machines (no GPU; vLLM's CPU platform has no sleep mode),
+so `SleepModeEngine` behaves as vLLM 0.32 does on CUDA, read from its source (site-packages/vllm):
+- `sleep(level=1)` copies every weight allocation to a host buffer and unmaps the device memory; the KV cache is
+  discarded (device_allocator/sleep_mode_backend.py lines 127-137: level 1 offloads the "weights" tag;
+  device_allocator/cumem.py lines 233-297: the host copy, lines 265-276, then `unmap_and_release`, 277-278).
+- `sleep(level=2)` discards the weights too and keeps only the module buffers on the host
+  (v1/worker/gpu_worker.py lines 294-310), which `wake_up` of the weights copies back (lines 332-346).
+- `wake_up(tags)` maps the tagged allocations again; those with a host copy get it copied back, the others hold
+  whatever the new memory holds (cumem.py lines 331-364). A tag that is not asleep is a warning and nothing
+  happens (v1/executor/abstract.py lines 394-404); so is sleeping twice (lines 382-385).
+- Requests are served only once the engine is fully awake (v1/engine/core.py lines 997-1016: the scheduler
+  resumes when no tag sleeps), and writing weights into unmapped memory is an illegal address on CUDA.
+The trainer is a real DeepSpeed engine (ZeRO-2, one CPU rank, in this process) and the step is the real
+`canoe.train_step`; only the reward scoring is replaced, by fixed rewards that make the update move the weights.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from types import SimpleNamespace
+
+import deepspeed
+import pytest
+import torch
+import torch.distributed as dist
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import canoe
+import data
+from config import Config
+
+VOCAB = 64
+
+
+class IllegalAddress(RuntimeError):
+    """What CUDA reports when a kernel writes to unmapped memory."""
+
+
+class SleepModeEngine:
+    """vLLM 0.32's `LLM` with `enable_sleep_mode=True` on CUDA, as far as the training step uses it (see above).
+
+    Its weights are the parameters of its own copy of the model; `events` records every call in order.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model.eval()
+        self.asleep: set[str] = set()  # tags whose device memory is unmapped
+        self.host_copy: dict[str, torch.Tensor] | None = None  # level 1's backup of the weights
+        self.saved_buffers: dict[str, torch.Tensor] | None = None  # level 2's backup of the buffers
+        self.events: list[str] = []
+
+    def sleep(self, level: int = 1) -> None:
+        self.events.append(f"sleep({level})")
+        if "weights" in self.asleep:
+            return  # "Executor is already sleeping."
+        if level == 1:
+            self.host_copy = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        else:
+            self.saved_buffers = {n: b.clone() for n, b in self.model.named_buffers()}
+        self.asleep = {"weights", "kv_cache"}
+
+    @torch.no_grad()
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.events.append(f"wake_up({','.join(tags) if tags else 'all'})")
+        if not self.asleep or any(tag not in self.asleep for tag in tags or ()):
+            return  # "Executor is not sleeping." / "Tag ... is not in sleeping tags"
+        tags = list(self.asleep) if tags is None else tags
+        if "weights" in tags:
+            for name, param in self.model.named_parameters():
+                # new physical memory: the host copy if level 1 took one, else whatever it holds
+                param.copy_(self.host_copy[name]) if self.host_copy else param.fill_(float("nan"))
+            for name, buffer in self.model.named_buffers():
+                if self.saved_buffers:
+                    buffer.copy_(self.saved_buffers[name])
+            self.host_copy = self.saved_buffers = None
+        self.asleep -= set(tags)
+
+    @torch.no_grad()
+    def collective_rpc(self, method: str, kwargs: dict) -> None:
+        assert method == "reload_weights", method
+        self.events.append("reload_weights")
+        if "weights" in self.asleep:
+            raise IllegalAddress("CUDA error: an illegal memory access was encountered (weights pushed into an "
+                                 "engine whose weight memory is unmapped while it sleeps)")
+        parameters = dict(self.model.named_parameters())
+        for name, tensor in kwargs["weights_iterator"]:
+            parameters[name].copy_(tensor)
+
+    def reset_prefix_cache(self) -> None:
+        self.events.append("reset_prefix_cache")
+
+    @torch.no_grad()
+    def generate(self, prompts, params, use_tqdm: bool = False):
+        self.events.append("generate")
+        if self.asleep:
+            raise RuntimeError(f"the engine serves no request while {sorted(self.asleep)} sleep (its scheduler is "
+                               f"paused until it is fully awake): generate would wait forever")
+        return [self._answer(list(p["prompt_token_ids"]), params) for p in prompts]
+
+    def _logprobs(self, ids: list[int]) -> torch.Tensor:
+        logits = self.model(input_ids=torch.tensor([ids])).logits[0].float()  # (len, V)
+        return torch.log_softmax(logits, -1)
+
+    def _answer(self, ids: list[int], params) -> SimpleNamespace:
+        entry = lambda token, lp: {token: SimpleNamespace(logprob=float(lp))}  # noqa: E731
+        if params.prompt_logprobs is not None:  # the probe: log-probabilities of the given tokens
+            lp = self._logprobs(ids)
+            return SimpleNamespace(prompt_logprobs=[None] + [entry(t, lp[i, t]) for i, t in enumerate(ids[1:])])
+        samples = []
+        for index in range(params.n):  # sampled with torch's generator, which rollout._sample seeds
+            tokens, logprobs = [], []
+            for _ in range(params.max_tokens):
+                lp = self._logprobs(ids + tokens)[-1]
+                token = int(torch.multinomial(lp.exp(), 1))
+                tokens.append(token)
+                logprobs.append(entry(token, lp[token]))
+            samples.append(SimpleNamespace(text="", token_ids=tokens, logprobs=logprobs, finish_reason="length",
+                                           index=index))
+        return SimpleNamespace(outputs=samples)
+
+
+def tiny_model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                        attn_implementation="sdpa"))
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                           ("MASTER_PORT", str(port))):
+            os.environ.setdefault(key, value)
+        deepspeed.init_distributed(dist_backend="gloo")
+    yield
+
+
+def make_run(tmp_path, sleep: bool) -> tuple[canoe.Run, SleepModeEngine]:
+    cfg = Config(num_generations=2, prompts_per_device=2, gradient_accumulation_steps=1, max_prompt_tokens=16,
+                 max_completion_tokens=3, beta=0.0, learning_rate=0.05, lr_scheduler="constant", warmup_ratio=0.0,
+                 dual=False, sync_tolerance=1e-4, dtype="float32", output_dir=str(tmp_path))
+    policy = tiny_model()
+    engine, *_ = deepspeed.initialize(model=policy, model_parameters=list(policy.parameters()),
+                                      config=canoe.deepspeed_config(cfg, 1, torch.float32, train=True))
+    llm = SleepModeEngine(tiny_model())  # the same initial weights, as a freshly started engine has
+    rows = [{"prompt_ids": [1, 5 + i, 9, 13 + i], "problem": "<context>c</context>\n\nq", "solution": "a"}
+            for i in range(4)]
+    sampler = data.PromptSampler(len(rows), cfg.prompts_per_step, cfg.seed, 0, 1)
+    run = canoe.Run(cfg, 0, 1, torch.device("cpu"), None, engine, None, llm, rows, sampler, None, 2,
+                    ([1, 2, 3, 4], [5, 6, 7]), sleep, tmp_path)
+    return run, llm
+
+
+def fixed_rewards(run, rows, completions, stage2):
+    """1, 0 within each group for the first reward, 0 for the others: every group has an advantage, so the update
+    moves the weights. Returns score's `(N, R)` per-reward scores and its means."""
+    per_reward = torch.zeros(len(completions), len(run.cfg.rewards))  # (N, R)
+    per_reward[:, 0] = torch.tensor([float(i % 2 == 0) for i in range(len(completions))])
+    return per_reward, {"reward/total": float(per_reward[:, 0].mean())}
+
+
+def weights_agree(run: canoe.Run, llm: SleepModeEngine) -> bool:
+    trained = dict(run.engine.module.named_parameters())
+    return all(torch.equal(p, trained[n].detach()) for n, p in llm.model.named_parameters())
+
+
+def test_the_step_pushes_only_into_an_awake_engine(tmp_path, process_group, monkeypatch):
+    monkeypatch.setattr(canoe, "score", fixed_rewards)
+    run, llm = make_run(tmp_path, sleep=True)
+    before = {n: p.detach().clone() for n, p in run.engine.module.named_parameters()}
+    for _ in range(2):
+        step = canoe.train_step(run)
+        assert step.sync_diff <= 1e-4  # the probe agrees: vLLM generates from the trained weights
+        assert weights_agree(run, llm)
+    assert any(not torch.equal(p, before[n]) for n, p in run.engine.module.named_parameters()), "nothing trained"
+    assert not llm.asleep  # awake for the next step's sampling
+    # asleep (level 2: nothing copied to the host) from after sampling until the weights are woken for the push;
+    # the KV cache wakes after the push, then the probe runs
+    one_step = ["generate", "sleep(2)", "wake_up(weights)", "reload_weights", "reset_prefix_cache",
+                "wake_up(kv_cache)", "generate"]
+    assert llm.events == one_step * 2
+
+
+def test_the_engine_sleeps_while_the_trainer_trains(tmp_path, process_group, monkeypatch):
+    monkeypatch.setattr(canoe, "score", fixed_rewards)
+    run, llm = make_run(tmp_path, sleep=True)
+    seen = []
+    forward_backward = canoe.forward_backward
+
+    def watched(run, batch, totals):
+        seen.append(set(llm.asleep))
+        return forward_backward(run, batch, totals)
+
+    monkeypatch.setattr(canoe, "forward_backward", watched)
+    canoe.train_step(run)
+    assert seen == [{"weights", "kv_cache"}]  # one micro-batch, trained while vLLM held no memory
+
+
+def test_without_sleep_mode_the_step_never_sleeps_or_wakes(tmp_path, process_group, monkeypatch):
+    monkeypatch.setattr(canoe, "score", fixed_rewards)
+    run, llm = make_run(tmp_path, sleep=False)  # the CPU: vLLM has no sleep mode there
+    canoe.train_step(run)
+    assert llm.events == ["generate", "reload_weights", "reset_prefix_cache", "generate"]
+    assert weights_agree(run, llm)
+
+
+# ---------------------------------------------------------------------------- the stand-in follows vLLM
+
+
+def test_level_1_restores_the_weights_of_before_the_sleep():
+    llm = SleepModeEngine(tiny_model())
+    before = {n: p.clone() for n, p in llm.model.named_parameters()}
+    llm.sleep(level=1)
+    with pytest.raises(IllegalAddress):
+        llm.collective_rpc("reload_weights", {"weights_iterator": iter([])})
+    llm.wake_up(tags=["weights"])
+    zeros = [(n, torch.zeros_like(p)) for n, p in before.items()]
+    llm.collective_rpc("reload_weights", {"weights_iterator": iter(zeros)})  # awake weights take a push
+    assert all((p == 0).all() for p in llm.model.parameters())
+    with pytest.raises(RuntimeError, match="generate would wait forever"):
+        llm.generate([{"prompt_token_ids": [1]}], SimpleNamespace(prompt_logprobs=0))  # the KV cache still sleeps
+    llm.wake_up(tags=["kv_cache"])
+    llm.sleep(level=1)
+    llm.wake_up()  # the host copy taken at this sleep comes back
+    assert all((p == 0).all() for p in llm.model.parameters())
+
+
+def test_level_2_keeps_no_weights_and_restores_the_buffers():
+    llm = SleepModeEngine(tiny_model())
+    buffers = {n: b.clone() for n, b in llm.model.named_buffers()}
+    llm.sleep(level=2)
+    llm.wake_up(tags=["weights"])
+    assert all(math.isnan(float(p.flatten()[0])) for p in llm.model.parameters())
+    assert all(torch.equal(b, buffers[n]) for n, b in llm.model.named_buffers())
+
+
+def test_flash_attention_is_refused_through_the_deepspeed_engine(process_group):
+    """packing's guard reads the attention setting of the model a DeepSpeed engine wraps (the engine's own
+    `.config` is DeepSpeed's config dict, which has no attention setting)."""
+    import packing
+
+    model = tiny_model()
+    model.config._attn_implementation = "flash_attention_2"
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
+                                      config=canoe.deepspeed_config(Config(), 1, torch.float32, train=True))
+    assert isinstance(engine.config, dict)  # DeepSpeed's, not the model's
+    with pytest.raises(ValueError, match="4D attention mask"):
+        packing.attention_mask(engine, packing.pack([([1, 2], [[3]])]).allowed)
