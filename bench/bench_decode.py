@@ -10,8 +10,11 @@ bandwidth). This script measures, in one run:
    new tokens (EOS ignored), minus the same request with 1 new token (prefill and set-up), divided by the
    tokens - 1; median of 3 after a warm-up. Each configuration runs in its own process (a fresh engine).
 
-The configurations are the levers: the batch (7 = one prompt's group, the default's stage 1; more prompts per
-call), `enforce_eager` against vLLM's compiled path, `max_num_seqs`, the KV cache size and the engine's dtype.
+The configurations are the levers: how the linear layers run (vLLM's packed oneDNN/SGL kernels, which training
+uses since pushes re-pack them, against plain `F.linear`, which training used before), the batch (7 = one prompt's
+group, the default's stage 1; more prompts per call), `enforce_eager` against vLLM's compiled path,
+`max_num_seqs`, the KV cache size and the engine's dtype. `--only "packed,plain"` runs the configurations whose
+name contains any of the comma-separated texts.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CONFIGS = [  # (name, settings)
-    ("batch 7, eager, float32 (the default)", {"batch": 7}),
+CONFIGS = [  # (name, settings); "packed": False is the plain F.linear path (rollout.keep_cpu_linear_weights)
+    ("batch 7, eager, float32, packed kernels (the default)", {"batch": 7}),
+    ("batch 7, eager, float32, plain F.linear", {"batch": 7, "packed": False}),
+    ("batch 28 (4 prompts × 7), packed kernels", {"batch": 28}),
+    ("batch 28 (4 prompts × 7), plain F.linear", {"batch": 28, "packed": False}),
     ("batch 7, compiled", {"batch": 7, "enforce_eager": False}),
     ("batch 7, max_num_seqs 8", {"batch": 7, "max_num_seqs": 8}),
     ("batch 7, KV cache 4 GiB", {"batch": 7, "kv_gib": 4}),
     ("batch 7, bfloat16", {"batch": 7, "dtype": "bfloat16"}),
-    ("batch 28 (4 prompts × 7), eager", {"batch": 28}),
     ("batch 28, compiled", {"batch": 28, "enforce_eager": False}),
     ("batch 56 (8 prompts × 7), eager", {"batch": 56}),
 ]
@@ -71,7 +76,7 @@ def worker(model: str, settings: dict, tokens: int) -> dict:
     import data
     import rollout
 
-    rollout.keep_cpu_linear_weights()
+    rollout.keep_cpu_linear_weights(packed=settings.get("packed", True))
     tokenizer = AutoTokenizer.from_pretrained(model)
     row = data.load_jsonl(ROOT / "data" / "synth" / "train.jsonl")[0]
     default = tomllib.loads((ROOT / "config.toml").read_text())  # the default run's prompt
@@ -104,7 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct"))
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--only", help="run only the configurations whose name contains this text")
+    parser.add_argument("--only", help="run only the configurations whose name contains one of these comma-separated texts")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -114,7 +119,7 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     print(f"memory copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write, 1 GiB tensor copy)", flush=True)
     for name, settings in CONFIGS:
-        if args.only and args.only not in name:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
         done = subprocess.run([sys.executable, __file__, "--model", args.model, "--tokens", str(args.tokens),
                                "--worker", json.dumps(settings)], capture_output=True, text=True, cwd=ROOT)
