@@ -573,13 +573,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoints/latest")
     parser.add_argument("--eval", action="store_true", help="evaluate instead of training (see evaluate.py)")
     parser.add_argument("--model", help="with --eval: the model folder to evaluate (default: config's model)")
-    parser.add_argument("--eval-file", help="with --eval: the data (default: config's eval_file); with --suite, its file")
+    parser.add_argument("--eval-file", help="with --eval: the data (default: config's eval_file), or the suite's file")
     parser.add_argument("--limit", type=int, default=0, help="with --eval: only the first N items")
-    parser.add_argument("--suite", choices=suites.SUITES, help="with --eval: a paper benchmark, official rules (suites.py)")
-    parser.add_argument("--predictions", help="with --eval --suite: score these outputs instead of loading a model")
+    parser.add_argument("--suite", choices=suites.SUITES, help="with --eval: a paper benchmark (suites.py)")
+    parser.add_argument("--predictions", help="with --eval --suite: score these outputs; no model is loaded")
     parser.add_argument("--sample", action="store_true", help="with --eval: the model's own sampling settings, seeded")
     parser.add_argument("--indent-system-prompt", action=argparse.BooleanOptionalAction,
-                        help="with --eval: the official evaluation's indented system prompt (default: on for --suite)")
+                        help="with --eval: the official evaluation's indented system prompt (default: on with --suite)")
     parser.add_argument("--describe-config", action="store_true", help="print every config key and exit")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # added by the launcher
     args = parser.parse_args(argv)
@@ -590,7 +590,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         cfg = load_config(args.config)
         if args.eval:
             evaluate.main(cfg, model=args.model, eval_file=args.eval_file, limit=args.limit, suite=args.suite,
-                          predictions=args.predictions, sample=args.sample, indent_system_prompt=args.indent_system_prompt)
+                          predictions=args.predictions, sample=args.sample,
+                          indent_system_prompt=args.indent_system_prompt)
         else:
             train(cfg, resume=args.resume)
     except (ConfigError, data.DataError) as error:  # the user's input, not a bug: the message says what to fix
