@@ -232,7 +232,8 @@ def run_suite(cfg, suite: str, *, eval_file: str | None, model: str | None, pred
             sections = suites.extract(output)
             found.append({"output": output, "think": sections["think"], "long_answer": sections["long_answer"],
                           "pred": sections["answer"]})
-        source = {"model": model, "sampling": settings, "seed": cfg.seed, "dtype": cfg.dtype,
+        source = {"model": model, "sampling": settings, "seed": cfg.seed,
+                  "dtype": str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch."),
                   "system_prompt_indented": indent_system_prompt}
         name = f"{_run_name(model)}-{suite}-{Path(eval_file).stem}"
     scores = suites.score(suite, items, [f["pred"] for f in found])

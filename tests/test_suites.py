@@ -248,6 +248,10 @@ def test_faitheval_reads_parquet_and_save_to_disk_folders_as_the_jsonl(tmp_path)
     datasets.DatasetDict({"test": table}).save_to_disk(str(tmp_path / "saved"))
     assert suites.read_suite("faitheval", tmp_path / "test.parquet") == expected
     assert suites.read_suite("faitheval", tmp_path / "saved") == expected  # the split "test", as officially
+    # the hub's own layout, a folder of data files named by split
+    (tmp_path / "hub" / "data").mkdir(parents=True)
+    table.to_parquet(str(tmp_path / "hub" / "data" / "test-00000-of-00001.parquet"))
+    assert suites.read_suite("faitheval", tmp_path / "hub") == expected
 
 
 def test_confiqa_reader_and_prompts():
