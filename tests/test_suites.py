@@ -367,3 +367,10 @@ def test_eval_suite_answers_every_item_with_a_real_model(tmp_path):
                           eval_file=str(FIXTURES / "ConFiQA-QA-test.json"),
                           predictions=str(tmp_path / "run" / "eval" / "smoke-llama-confiqa-ConFiQA-QA-test.predictions.jsonl"))
     assert again == report["scores"]
+
+
+def test_doctests():
+    import doctest
+
+    result = doctest.testmod(suites)
+    assert result.attempted > 0 and result.failed == 0
