@@ -583,6 +583,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--describe-config", action="store_true", help="print every config key and exit")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # added by the launcher
     args = parser.parse_args(argv)
+    if not args.eval and (args.suite or args.predictions or args.sample):
+        parser.error("--suite, --predictions and --sample belong to --eval")
     if args.describe_config:
         print(describe_config())
         return

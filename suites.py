@@ -219,6 +219,8 @@ def _confiqa_item(index: int, record: dict, where: str, factual: bool) -> Item:
     cf = [_field(record, "cf_answer", str, where), *_field(record, "cf_alias", list, where)]
     orig = [_field(record, "orig_answer", str, where), *_field(record, "orig_alias", list, where)]
     context = _field(record, "orig_context" if factual else "cf_context", str, where)
+    if not all(isinstance(answer, str) for answer in cf + orig):
+        raise DataError(f"{where}: 'cf_alias' and 'orig_alias' must be lists of strings")
     golds, others = (orig, cf) if factual else (cf, orig)
     return Item(index, record.get("id", index), question, PROMPT_A.format(context, question), tuple(golds),
                 tuple(others))
