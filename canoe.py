@@ -3,6 +3,7 @@
     deepspeed canoe.py --config config.toml              # train (1 rank on a CPU, one rank per GPU otherwise)
     deepspeed canoe.py --config config.toml --resume     # continue from the run's latest checkpoint
     python canoe.py --config config.toml --eval [--model DIR] [--eval-file F]   # greedy faithfulness evaluation
+    python canoe.py --eval --suite confiqa --eval-file F [--predictions P]      # a paper benchmark (evaluate.py)
     python canoe.py --describe-config                    # every config key with its meaning and default
 
 One training step (CANOE, arXiv 2505.16483; docs/DESIGN.md, "The step, in one picture"):
@@ -56,6 +57,7 @@ import evaluate
 import memory_plan
 import packing
 import rollout
+import suites
 from config import Config, ConfigError, describe_config, load_config
 from grader import MathGrader
 from grpo_loss import decoupled_advantages, group_advantages, grpo_loss, trained_sequences, zero_variance_groups
@@ -629,8 +631,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoints/latest")
     parser.add_argument("--eval", action="store_true", help="evaluate instead of training (see evaluate.py)")
     parser.add_argument("--model", help="with --eval: the model folder to evaluate (default: config's model)")
-    parser.add_argument("--eval-file", help="with --eval: JSONL or ConFiQA-style JSON (default: config's eval_file)")
+    parser.add_argument("--eval-file", help="with --eval: the data (default: config's eval_file), or the suite's file")
     parser.add_argument("--limit", type=int, default=0, help="with --eval: only the first N items")
+    parser.add_argument("--suite", choices=suites.SUITES, help="with --eval: a paper benchmark (suites.py)")
+    parser.add_argument("--predictions", help="with --eval --suite: score these outputs; no model is loaded")
+    parser.add_argument("--sample", action="store_true", help="with --eval: the model's own sampling settings, seeded")
+    parser.add_argument("--indent-system-prompt", action=argparse.BooleanOptionalAction,
+                        help="with --eval: the official evaluation's indented system prompt (default: on with --suite)")
     parser.add_argument("--describe-config", action="store_true", help="print every config key and exit")
     parser.add_argument("--plan-memory", action="store_true",
                         help="print the config's memory plan per GPU (memory_plan.py) and exit; needs no GPU")
@@ -638,6 +645,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--world-size", type=int, default=8, help="with --plan-memory: number of GPUs (ranks)")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # added by the launcher
     args = parser.parse_args(argv)
+    if not args.eval and (args.suite or args.predictions or args.sample):
+        parser.error("--suite, --predictions and --sample belong to --eval")
     if args.describe_config:
         print(describe_config())
         return
@@ -648,7 +657,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                                            total_bytes=args.gpu_gib * memory_plan.GIB, sleep=cfg.vllm_sleep)
             print(f"{args.config} on {args.world_size} GPUs of {args.gpu_gib:g} GiB:\n{plan.table()}")
         elif args.eval:
-            evaluate.main(cfg, model=args.model, eval_file=args.eval_file, limit=args.limit)
+            evaluate.main(cfg, model=args.model, eval_file=args.eval_file, limit=args.limit, suite=args.suite,
+                          predictions=args.predictions, sample=args.sample,
+                          indent_system_prompt=args.indent_system_prompt)
         else:
             train(cfg, resume=args.resume)
     except (ConfigError, data.DataError, memory_plan.ArchitectureError) as error:  # the user's input, not a bug

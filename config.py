@@ -54,8 +54,9 @@ class Config:
     dtype: str = _key("auto", "auto (bfloat16 on a GPU that has it, else float32), float32 or bfloat16")
     gradient_checkpointing: bool = _key(False, "recompute activations in backward to save memory")
     # --- data
-    train_file: str = _key("data/synth/train.jsonl", "training JSONL: problem, solution, extra fields")
-    eval_file: str = _key("data/synth/eval.jsonl", "evaluation JSONL (or ConFiQA-style JSON) for --eval")
+    train_file: str = _key("data/synth/train.jsonl",
+                           "training data (.jsonl, .json, .parquet, a save_to_disk folder): problem, solution, more")
+    eval_file: str = _key("data/synth/eval.jsonl", "data for --eval without --suite (as train_file, or ConFiQA JSON)")
     max_prompt_tokens: int = _key(1024, "prompts longer than this (with the chat template) are handled by on_long_prompt")
     on_long_prompt: str = _key("drop", "drop (remove and report their ids) or error")
     system_prompt: str = _key("", "system prompt; empty = data.SYSTEM_PROMPT (CANOE's, docs/DESIGN.md)")

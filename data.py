@@ -10,7 +10,9 @@ What lives here (docs/DESIGN.md, "Data"), in reading order:
    lines are allowed only at the end of the file (so row i is always line i + 1, which is how
    `prepare_prompts` names dropped rows); a blank line before a record is an error. A file with no records
    is an error. Nothing is skipped silently. `load_confiqa` maps a ConFiQA-style JSON list onto the same
-   shape; `load_dataset` picks the loader from the file extension. `task_counts` summarises the `task` field.
+   shape; `load_records` reads parquet files and folders saved by the `datasets` library; `load_dataset` picks
+   the loader from the file extension and checks every row. CANOE's own training file loads as it is (its
+   `message` column is kept like any extra field). `task_counts` summarises the `task` field.
 2. **Prompts.** `SYSTEM_PROMPT` says what the original CANOE code's system prompt says: the passage comes in
    `<context>` tags, the instruction after two newlines, and the answer in three sections, each on its own line
    as `- Name: <tag>what goes there</tag>`. The last line ends with `</answer>` and no period: the original's
@@ -21,8 +23,9 @@ What lives here (docs/DESIGN.md, "Data"), in reading order:
 3. **Batching.** `PromptSampler` gives each rank its own disjoint slice of every global batch, reshuffles
    every epoch from (seed, epoch), and saves/restores its position so a resumed run sees exactly the data it
    had not seen yet.
-4. **Answers.** `answer_span` (`tags.answer_span`, the rule the rewards use) and `exact_match`, the
-   SQuAD-style normalised match that ConFiQA-style evaluation uses, with a guard against negated predictions.
+4. **Answers.** `answer_span` (`tags.answer_span`, the rule the rewards use) and `exact_match`, our SQuAD-style
+   normalised match with a guard against negated predictions (its differences from the official ConFiQA EM of
+   suites.py are listed in its docstring).
 
 The synthetic training data in the CANOE paper's four task types is made by `synth.py`.
 
@@ -37,6 +40,7 @@ import json
 import math
 import random
 import re
+import string
 import sys
 import unicodedata
 import warnings
@@ -215,14 +219,89 @@ def load_confiqa(path: str | Path, variant: str | None = None) -> list[dict]:
     return records
 
 
+def load_records(path: str | Path, split: str | None = None) -> list[dict]:
+    """The rows of a parquet, JSON or JSONL file, or of a folder the `datasets` library wrote, as plain dicts.
+
+    Read with `datasets` (nested columns such as `message` come back as lists of dicts). A folder written by
+    `save_to_disk` is loaded as it is; one holding several splits (a DatasetDict) gives `split`, or its only
+    split; any other folder is read as a folder of data files (e.g. a dataset downloaded from the hub). No
+    field is checked here: `load_dataset` checks training rows, suites.py benchmark records.
+    """
+    import datasets  # heavy; only these formats need it
+
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: data file not found")
+    try:
+        if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+            loaded = datasets.load_from_disk(str(path), keep_in_memory=True)
+        elif path.is_dir():
+            loaded = datasets.load_dataset(str(path), keep_in_memory=True)
+        elif path.suffix.lower() == ".parquet":
+            loaded = datasets.Dataset.from_parquet(str(path), keep_in_memory=True)
+        elif path.suffix.lower() in (".json", ".jsonl"):
+            loaded = datasets.Dataset.from_json(str(path), keep_in_memory=True)
+        else:
+            raise DataError(f"{path}: unknown data file type {path.suffix!r} (expected .jsonl, .json, .parquet or "
+                            "a folder saved by the datasets library)")
+    except (OSError, ValueError, datasets.exceptions.DatasetGenerationError) as err:
+        if isinstance(err, DataError):
+            raise
+        raise DataError(f"{path}: cannot be read as a dataset ({err})") from err
+    if isinstance(loaded, datasets.DatasetDict):
+        names = list(loaded)
+        if split is None and len(names) == 1:
+            split = names[0]
+        if split not in loaded:
+            missing = "" if split is None else f", not {split!r}"
+            raise DataError(f"{path}: holds the splits {names}{missing}; give the folder of one: {path}/<split>")
+        loaded = loaded[split]
+    return loaded.to_list()
+
+
+def _checked_rows(path: Path, rows: list, what: str) -> list[dict]:
+    """`rows` if every one is a training record, else one DataError naming each bad row by its 0-based index."""
+    errors = []
+    for index, row in enumerate(rows):
+        reason = _record_reason(row)
+        if reason is not None:
+            errors.append(f"{path}: {what} {index}: {reason}")
+    _raise_collected(path, errors, f"{what}(s)")
+    if not rows:
+        raise DataError(f"{path}: no records")
+    return rows
+
+
 def load_dataset(path: str | Path, confiqa_variant: str | None = None) -> list[dict]:
-    """Load `.jsonl` with `load_jsonl` and `.json` (a ConFiQA-style list) with `load_confiqa`."""
-    suffix = Path(path).suffix.lower()
+    """Training or evaluation rows ({problem, solution, ...}) from any of the formats a user may have:
+
+    - `.jsonl`: `load_jsonl` (errors name the line);
+    - `.json`: a list of {problem, solution, ...} records, or a ConFiQA-style list (`load_confiqa`);
+    - `.parquet`, or a folder saved by the `datasets` library: `load_records`, then every row is checked.
+
+    CANOE's own training file (`final_10k.jsonl`) loads as it is: besides `problem` and `solution` its rows
+    carry `message` (the chat, a list of {role, content}), which the original trainer only edits for stage 2.
+    Our stage 2 builds its prompt from `problem` (rollout.substitute_context), so `message`, and `messages`
+    likewise, are kept as ordinary extra columns: they reach the reward functions as keyword arguments and
+    nothing else reads them.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
     if suffix == ".jsonl":
         return load_jsonl(path)
     if suffix == ".json":
+        _, raw = _read_bytes(path)
+        try:
+            first = next(iter(json.loads(raw.decode("utf-8"))), None)
+        except (UnicodeDecodeError, json.JSONDecodeError, TypeError):
+            first = None  # load_confiqa names the problem
+        if isinstance(first, dict) and all(name in first for name in REQUIRED_FIELDS):
+            return _checked_rows(path, json.loads(raw.decode("utf-8")), "item")
         return load_confiqa(path, confiqa_variant)
-    raise DataError(f"{path}: unknown data file type {suffix!r} (expected .jsonl or a ConFiQA-style .json)")
+    if suffix == ".parquet" or path.is_dir():
+        return _checked_rows(path, load_records(path), "row")
+    raise DataError(f"{path}: unknown data file type {suffix!r} (expected .jsonl, .json, .parquet or a folder "
+                    "saved by the datasets library)")
 
 
 # The CANOE paper's four task types: the `task` field of the synthetic data (synth.py), reported per type by the
@@ -472,23 +551,29 @@ class PromptSampler:
 
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
 _CONTRACTION_RE = re.compile(r"n['\u2019]t\b")
-# Negation words, with the apostrophe-less forms that punctuation removal turns "don't" into.
+_ASCII_PUNCTUATION = frozenset(string.punctuation)
+# The official ConFiQA negation list (suites.NEGATION_WORDS), plus the apostrophe-less forms that punctuation
+# removal turns "don't" into.
 NEGATION_WORDS = frozenset(
-    "no not never none nothing nobody nowhere neither nor cannot "
+    "no not never none nothing nobody nowhere neither nor cannot without hardly "
     "dont doesnt didnt isnt arent wasnt werent cant couldnt wont wouldnt shouldnt hasnt havent hadnt aint".split()
 )
 
 
 def normalize_answer(text: str) -> str:
-    """SQuAD-style normalisation: lowercase, drop punctuation, drop articles a/an/the, collapse whitespace.
+    """SQuAD's normalisation: lowercase, delete punctuation, articles a/an/the to spaces, collapse whitespace.
 
-    Punctuation is every Unicode punctuation character (so curly quotes go too), a superset of SQuAD's ASCII set.
+    One difference from SQuAD's (suites.normalize): besides the ASCII `string.punctuation` characters SQuAD
+    deletes, every Unicode punctuation character is deleted too (curly quotes, dashes, guillemets).
 
     >>> normalize_answer("  The  Eiffel-Tower! ")
     'eiffeltower'
+    >>> normalize_answer("\u201c$5 + <b>\u201d")
+    '5 b'
     """
     lowered = text.lower()
-    no_punct = "".join(ch for ch in lowered if not unicodedata.category(ch).startswith("P"))
+    no_punct = "".join(ch for ch in lowered
+                       if ch not in _ASCII_PUNCTUATION and not unicodedata.category(ch).startswith("P"))
     return " ".join(_ARTICLES_RE.sub(" ", no_punct).split())
 
 
@@ -499,7 +584,16 @@ def _has_negation(text: str) -> bool:
 
 
 def exact_match(prediction: Any, gold: str | Iterable[str], contains: bool = False) -> bool:
-    """Normalised match of `prediction` against `gold` (one answer or several aliases; any may match).
+    """Our normalised match of `prediction` against `gold` (one answer or several aliases; any may match).
+
+    This is the EM of the synthetic evaluation and of the training metric `faithfulness/em`. It is not the
+    official ConFiQA EM (suites.exact_match, which `--eval --suite` uses); the differences, all deliberate:
+    1. Unicode punctuation is deleted too (normalize_answer);
+    2. the negation guard reads the normalised words, so it is case-insensitive, sees "No" and "nothing." and
+       also catches "n't" contractions (the official guard reads the raw `prediction.split()`);
+    3. a gold that itself has a negation word is exempt from the guard ("No" can match "no");
+    4. an empty gold never matches (officially "" equals any prediction that normalises to "");
+    5. `contains=True` asks for whole words (the official recall is a substring test: "ian" is in "brian").
 
     contains=False: the normalised strings are equal (ConFiQA/SQuAD exact match).
     contains=True: the gold's normalised words appear as a contiguous run of the prediction's words (the

@@ -1,15 +1,33 @@
-"""Faithfulness evaluation: greedy answers on an evaluation set, scored by normalised exact match.
+"""Evaluation: a model's answers (or answers that already exist) on an evaluation set, scored and written out.
 
     python canoe.py --config config.toml --eval                                  # the config's model and eval_file
     python canoe.py --config config.toml --eval --model runs/default/checkpoints/step-000060/policy
-    python canoe.py --config config.toml --eval --eval-file ConFiQA-QA.json     # ConFiQA-style JSON works too
+    python canoe.py --eval --suite confiqa --eval-file ConFiQA-QA-test.json      # a paper benchmark, official rules
+    python canoe.py --eval --suite confiqa --eval-file ConFiQA-QA-test.json --predictions P   # no model loaded
 
-Every item is answered once, greedily (temperature 0), with the same system prompt and response prefix as in
-training. The score of an item is the normalised exact match (data.exact_match: case, punctuation, articles and
-whitespace ignored, an answer with a negation word fails) between the `<answer>` span of the output and the
-gold answer, as the ConFiQA evaluation does; the format rate is the share of outputs that rewards.format_reward
-accepts. Results are printed per task type (the `task` field; "all" when the data has none) and written to
-OUTPUT_DIR/eval/<model>-<data>.json, with every prediction in a JSONL beside it.
+Two modes:
+
+- **Without `--suite`** (the synthetic data, or any file `data.load_dataset` reads): every item is answered with
+  the same system prompt and response prefix as in training, and scored by our normalised exact match
+  (data.exact_match: case, punctuation, articles and whitespace ignored, a negated prediction fails; its
+  docstring lists where it differs from the official ConFiQA EM) between the `<answer>` span of the output and
+  the gold; the format rate is the share of outputs that rewards.format_reward accepts. The table is per task
+  type (the `task` field; "all" when the data has none).
+- **With `--suite NAME`** (suites.py: confiqa, fiqa, cnq, faitheval, followrag): the file is read as the
+  official CANOE scripts read it, the user turn is the suite's prompt, the system prompt is the config's with
+  every line indented by four spaces as in the official scripts (`--no-indent-system-prompt` turns that off),
+  and the outputs are extracted and scored by the official rules, as percentages with the official names. Every
+  item is scored: no prompt is dropped for its length (the engine is sized for the longest). With
+  `--predictions FILE` no model is loaded: FILE is either the `.predictions.jsonl` this mode writes (its
+  `output`s are extracted again) or a result file of the official scripts (the suite's JSON list with `pred`
+  added, scored as it is), so the paper's own outputs can be re-scored with the same code.
+
+Generation is greedy by default. `--sample` samples with the model's own settings (its generation_config.json,
+with the Hugging Face defaults for what it leaves out, as the official scripts' `model.generate` does; a model
+whose config does not sample is decoded greedily, as there) and the config's seed. The official runs are
+sampled without a seed, in fp16, one prompt at a time, so they cannot be matched exactly; we batch in vLLM and
+use the config's dtype. Results go to OUTPUT_DIR/eval/<name>.json, with every prediction in
+<name>.predictions.jsonl beside it.
 """
 
 from __future__ import annotations
@@ -20,14 +38,15 @@ import json
 import os
 from collections import defaultdict
 from pathlib import Path
-
-from transformers import AutoTokenizer
-from vllm import SamplingParams
-from vllm.inputs import TokensPrompt
+from typing import Any
 
 import data
-import rollout
+import suites
 from rewards import format_reward
+
+# Hugging Face's `generate` defaults for the sampling settings a generation_config.json leaves out.
+HF_SAMPLING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": 50, "min_p": None,
+                        "repetition_penalty": 1.0}
 
 
 def score(rows: list[dict], outputs: list[str]) -> dict:
@@ -43,25 +62,70 @@ def score(rows: list[dict], outputs: list[str]) -> dict:
             for group, items in sorted(groups.items(), key=lambda kv: (kv[0] == "overall", kv[0]))}
 
 
-def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0) -> dict:
-    model = model or cfg.model
-    eval_file = eval_file or cfg.eval_file
-    if not (Path(model) / "config.json").exists():
-        raise SystemExit(f"error: model path {model!r} is not a Hugging Face model folder")
+def sampling_settings(model: str, sample: bool) -> dict[str, Any]:
+    """vLLM sampling settings: greedy, or (sample=True) the model's generation_config.json with HF's defaults.
+
+    A config without `do_sample: true` decodes greedily under `model.generate`, so it does here too.
+    """
+    if not sample:
+        return {"temperature": 0.0}
+    path = Path(model) / "generation_config.json"
+    own = json.loads(path.read_text()) if path.exists() else {}
+    gen = {key: own.get(key) if own.get(key) is not None else default for key, default in HF_SAMPLING_DEFAULTS.items()}
+    if not gen["do_sample"]:
+        return {"temperature": 0.0}
+    return {"temperature": float(gen["temperature"]), "top_p": float(gen["top_p"]), "top_k": int(gen["top_k"] or 0),
+            "min_p": float(gen["min_p"] or 0.0), "repetition_penalty": float(gen["repetition_penalty"])}
+
+
+def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, Any], max_model_len: int) -> list[str]:
+    """One answer per prompt from a vLLM engine on `model`; the config's response prefix is put back in front."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    import rollout
+
     runtime.single_process_defaults()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.vllm_cpu_kv_cache_gib))))
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    rows = data.load_dataset(eval_file)[: limit or None]
-    rows, report = data.prepare_prompts(tokenizer, rows, cfg.max_prompt_tokens, cfg.on_long_prompt, **cfg.prompt_style())
-    print(f"eval data: {eval_file}: {report.summary()}")
-
     dtype = str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch.")
-    llm = rollout.make_engine(model, dtype=dtype, seed=cfg.seed, max_model_len=cfg.max_prompt_tokens + cfg.max_completion_tokens,
+    llm = rollout.make_engine(model, dtype=dtype, seed=cfg.seed, max_model_len=max_model_len,
                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=False)
-    greedy = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.max_completion_tokens)
-    results = llm.generate([TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in rows], greedy, use_tqdm=True)
-    outputs = [cfg.response_prefix + r.outputs[0].text for r in results]
+    params = SamplingParams(n=1, max_tokens=cfg.max_completion_tokens, seed=cfg.seed, **settings)
+    results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=True)
+    return [cfg.response_prefix + r.outputs[0].text for r in results]
+
+
+def _check_model(model: str) -> None:
+    if not (Path(model) / "config.json").exists():
+        raise SystemExit(f"error: model path {model!r} is not a Hugging Face model folder")
+
+
+def _run_name(model: str) -> str:
+    return Path(model).name if Path(model).name != "policy" else Path(model).parent.name
+
+
+def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite: str | None = None,
+         predictions: str | None = None, sample: bool = False, indent_system_prompt: bool | None = None) -> dict:
+    """The `--eval` mode: the synthetic evaluation, or (with `suite`) a paper benchmark."""
+    if suite is not None:
+        return run_suite(cfg, suite, eval_file=eval_file, model=model, predictions=predictions, sample=sample,
+                         limit=limit, indent_system_prompt=True if indent_system_prompt is None else indent_system_prompt)
+    if predictions is not None:
+        raise SystemExit("error: --predictions scores a benchmark's outputs: give its --suite too")
+    from transformers import AutoTokenizer
+
+    model = model or cfg.model
+    eval_file = eval_file or cfg.eval_file
+    _check_model(model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    style = cfg.prompt_style()
+    if indent_system_prompt:
+        style["system_prompt"] = suites.indent_system_prompt(style["system_prompt"])
+    rows = data.load_dataset(eval_file)[: limit or None]
+    rows, report = data.prepare_prompts(tokenizer, rows, cfg.max_prompt_tokens, cfg.on_long_prompt, **style)
+    print(f"eval data: {eval_file}: {report.summary()}")
+    outputs = generate(cfg, model, [r["prompt_ids"] for r in rows], sampling_settings(model, sample),
+                       cfg.max_prompt_tokens + cfg.max_completion_tokens)
     scores = score(rows, outputs)
 
     print(f"\n{'task':<16}{'n':>6}{'EM':>8}{'format':>8}")
@@ -69,11 +133,119 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0) -> di
         print(f"{group:<16}{s['n']:>6}{s['em']:>8.3f}{s['format_rate']:>8.3f}")
     out = Path(cfg.output_dir) / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    name = f"{Path(model).name if Path(model).name != 'policy' else Path(model).parent.name}-{Path(eval_file).stem}"
+    name = f"{_run_name(model)}-{Path(eval_file).stem}"
     (out / f"{name}.json").write_text(json.dumps({"model": model, "eval_file": eval_file, "scores": scores}, indent=1))
     with open(out / f"{name}.predictions.jsonl", "w") as f:
         for row, text in zip(rows, outputs):
             f.write(json.dumps({"id": row.get("id"), "task": row.get("task"), "solution": row["solution"],
                                 "output": text}) + "\n")
+    print(f"written to {out / (name + '.json')}")
+    return scores
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The paper's benchmarks
+# --------------------------------------------------------------------------------------------------------------
+
+
+def read_predictions(path: str | Path, items: list[suites.Item]) -> list[dict[str, str]]:
+    """The `think`, `long_answer` and `pred` (the answer) of every item, from a predictions file.
+
+    A JSON list is an official result file: each record holds `pred` (already extracted, used as it is). Any
+    other file is the JSONL `--eval --suite` writes: each line's `output` is extracted again. There must be one
+    prediction per item, in the items' order; where a record names its question, it must be the item's.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise data.DataError(f"{path}: predictions file not found") from None
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, list):
+        records, official = whole, True
+    else:
+        records, official = [], False
+        for number, line in enumerate(text.splitlines(), start=1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise data.DataError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+    if len(records) != len(items):
+        raise data.DataError(f"{path}: {len(records)} predictions for {len(items)} items; every item must be scored "
+                             "(with --limit N, the first N items)")
+    found = []
+    for item, record in zip(items, records):
+        where = f"{path}: prediction {item.index}"
+        field = "pred" if official else "output"
+        if not isinstance(record, dict) or not isinstance(record.get(field), str):
+            raise data.DataError(f"{where}: no {field!r} string")
+        if "question" in record and record["question"] != item.question:
+            raise data.DataError(f"{where}: its question {record['question']!r} is not the item's {item.question!r}")
+        if official:
+            found.append({"think": record.get("think"), "long_answer": record.get("long_answer"), "pred": record["pred"]})
+        else:
+            sections = suites.extract(record["output"])
+            found.append({"output": record["output"], "think": sections["think"],
+                          "long_answer": sections["long_answer"], "pred": sections["answer"]})
+    return found
+
+
+def suite_table(suite: str, file: str, scores: dict) -> str:
+    """The printed table: one row, the suite's scores in percent."""
+    metrics = suites.METRICS[suite]
+    head = f"{'suite':<11}{'file':<28}{'n':>6}" + "".join(f"{m:>10}" for m in metrics)
+    row = f"{suite:<11}{Path(file).stem[:27]:<28}{scores['n']:>6}" + "".join(f"{scores[m]:>10.2f}" for m in metrics)
+    return f"{head}\n{row}"
+
+
+def run_suite(cfg, suite: str, *, eval_file: str | None, model: str | None, predictions: str | None,
+              sample: bool, limit: int, indent_system_prompt: bool) -> dict:
+    """Read a benchmark file, answer every item (or read the answers), score by the official rules, write."""
+    if eval_file is None:
+        raise SystemExit(f"error: --suite {suite} needs the benchmark file: --eval-file PATH")
+    items = suites.read_suite(suite, eval_file)[: limit or None]
+    if predictions is not None:
+        found = read_predictions(predictions, items)
+        source = {"predictions": str(predictions)}
+        name = f"{Path(predictions).stem}-{suite}"
+    else:
+        from transformers import AutoTokenizer
+
+        model = model or cfg.model
+        _check_model(model)
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        style = cfg.prompt_style()
+        if indent_system_prompt:
+            style["system_prompt"] = suites.indent_system_prompt(style["system_prompt"])
+        # No limit: every item is scored, so the engine is sized for the longest prompt instead.
+        rows, report = data.prepare_prompts(tokenizer, [{"problem": item.problem} for item in items], 10**9, **style)
+        print(f"{suite}: {eval_file}: {len(items)} items; prompt tokens min {report.min_tokens}, "
+              f"mean {report.mean_tokens:.1f}, max {report.max_tokens}")
+        settings = sampling_settings(model, sample)
+        outputs = generate(cfg, model, [r["prompt_ids"] for r in rows], settings,
+                           report.max_tokens + cfg.max_completion_tokens)
+        found = []
+        for output in outputs:
+            sections = suites.extract(output)
+            found.append({"output": output, "think": sections["think"], "long_answer": sections["long_answer"],
+                          "pred": sections["answer"]})
+        source = {"model": model, "sampling": settings, "seed": cfg.seed,
+                  "dtype": str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch."),
+                  "system_prompt_indented": indent_system_prompt}
+        name = f"{_run_name(model)}-{suite}-{Path(eval_file).stem}"
+    scores = suites.score(suite, items, [f["pred"] for f in found])
+
+    print("\n" + suite_table(suite, eval_file, scores))
+    out = Path(cfg.output_dir) / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"suite": suite, "eval_file": str(eval_file), **source, "scores": scores}
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
+    with open(out / f"{name}.predictions.jsonl", "w") as f:
+        for item, pred in zip(items, found):
+            f.write(json.dumps({"index": item.index, "id": item.id, "question": item.question, **pred,
+                                "golds": list(item.golds), **suites.item_hits(suite, item, pred["pred"])}) + "\n")
     print(f"written to {out / (name + '.json')}")
     return scores

@@ -13,7 +13,10 @@ reads (docs/DESIGN.md, "Data"); answers are short and checkable by string match.
 disjoint entities (every entity table is split first), so no eval subject appears in a training prompt. The
 output is a function of the arguments alone: the same seed writes byte-identical files.
 
-    python synth.py --out data/synth [--n 2000] [--eval-share 0.15] [--seed 42]
+    python synth.py --out data/synth [--n 2000] [--eval-share 0.15] [--seed 42] [--confiqa]
+
+`--confiqa` also writes the eval split's counterfactual rows as a ConFiQA file (`to_confiqa`), for
+`canoe.py --eval --suite confiqa --eval-file data/synth/eval-confiqa.json`.
 """
 
 from __future__ import annotations
@@ -272,6 +275,31 @@ def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+def to_confiqa(rows: Iterable[dict]) -> list[dict]:
+    """The counterfactual rows as ConFiQA records (what `--eval --suite confiqa` and `--suite fiqa` read).
+
+    A counterfactual row states a changed real-world fact, which is ConFiQA's kind of item: `cf_context` is
+    its context and `cf_answer` its answer; `orig_answer` is the real-world value (world_fact) and
+    `orig_context` the same context with the real fact's sentence in place of the changed one. The other task
+    types have no competing "original" answer (the p_o and MR scores need one), so they are left out.
+    """
+    records = []
+    for row in rows:
+        if row.get("task") != "counterfactual":
+            continue
+        subject, relation = row["entities"][0], row["relation"]
+        context, question = row["problem"].removeprefix("<context>").split("</context>\n\n", 1)
+        changed = row["solution"].removeprefix("<answer>").removesuffix("</answer>")
+        real = world_fact(relation, subject)
+        stated = fact_sentence(subject, relation, changed)
+        if real is None or stated not in context:
+            raise ValueError(f"row {row.get('id')}: no real-world value or no stated fact to swap")
+        records.append({"id": row.get("id"), "question": question, "cf_context": context, "cf_answer": changed,
+                        "cf_alias": [], "orig_context": context.replace(stated, fact_sentence(subject, relation, real)),
+                        "orig_answer": real, "orig_alias": [], "relation": relation})
+    return records
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="writes OUT/train.jsonl and OUT/eval.jsonl")
@@ -279,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--eval-share", type=float, default=DEFAULT_EVAL_SHARE,
                         help=f"eval rows = max(4, round(n * share)) (default {DEFAULT_EVAL_SHARE})")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--confiqa", action="store_true",
+                        help="also write the eval split's counterfactual rows in ConFiQA's format to OUT/eval-confiqa.json")
     args = parser.parse_args(argv)
 
     train, eval_ = synthesize(args.n, args.eval_share, args.seed)
@@ -286,6 +316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = args.out / f"{split}.jsonl"
         write_jsonl(path, rows)
         print(f"{split}: {len(rows)} rows -> {path} ({task_counts(rows)})")
+    if args.confiqa:
+        records = to_confiqa(eval_)
+        path = args.out / "eval-confiqa.json"
+        path.write_text(json.dumps(records, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        print(f"eval, ConFiQA format: {len(records)} counterfactual records -> {path}")
     return 0
 
 

@@ -185,6 +185,56 @@ def test_load_dataset_dispatches_on_extension(tmp_path):
         data.load_dataset(write(tmp_path, "d.csv", "a,b\n"))
 
 
+# CANOE's own training file (final_10k.jsonl): problem, solution, and the chat in `message`
+CANOE_ROW = {**GOOD, "message": [{"role": "system", "content": "S"}, {"role": "user", "content": GOOD["problem"]}],
+             "task": "counterfactual"}
+
+
+def test_canoe_rows_with_message_and_messages_load_from_jsonl_and_json(tmp_path):
+    rows = [CANOE_ROW, {**GOOD, "messages": [{"role": "user", "content": "hi"}]}]
+    assert data.load_dataset(write(tmp_path, "final_10k.jsonl", "".join(json.dumps(r) + "\n" for r in rows))) == rows
+    # a JSON list of training records is read as it is (not as a ConFiQA file)
+    assert data.load_dataset(write(tmp_path, "rows.json", json.dumps(rows))) == rows
+    with pytest.raises(DataError, match=r"rows.json: item 1: missing field 'solution'"):
+        data.load_dataset(write(tmp_path, "rows.json", json.dumps([GOOD, {"problem": GOOD["problem"]}])))
+
+
+def test_parquet_and_save_to_disk_folders_load_through_datasets(tmp_path):
+    import datasets
+
+    rows = [CANOE_ROW, {**CANOE_ROW, "problem": "<context>Rome is in Italy.</context>\n\nWhere is Rome?"}]
+    table = datasets.Dataset.from_list(rows)
+    table.to_parquet(str(tmp_path / "train.parquet"))
+    table.save_to_disk(str(tmp_path / "one"))
+    datasets.DatasetDict({"train": table}).save_to_disk(str(tmp_path / "dict"))
+    datasets.DatasetDict({"train": table, "test": table}).save_to_disk(str(tmp_path / "two"))
+    # the nested `message` column comes back as a list of {role, content} dicts, as in the JSONL
+    assert data.load_dataset(tmp_path / "train.parquet") == rows
+    assert data.load_dataset(tmp_path / "one") == rows
+    assert data.load_dataset(tmp_path / "dict") == rows  # its only split
+    with pytest.raises(DataError, match=r"holds the splits \['train', 'test'\]; give the folder of one"):
+        data.load_dataset(tmp_path / "two")
+    assert data.load_dataset(tmp_path / "two" / "test") == rows
+    assert data.load_records(tmp_path / "two", split="test") == rows
+
+
+def test_parquet_rows_are_checked_and_named_by_index(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list([GOOD, {"problem": "no context", "solution": "x"}]).to_parquet(str(tmp_path / "b.parquet"))
+    with pytest.raises(DataError, match=r"b.parquet: row 1: 'problem' has no <context>"):
+        data.load_dataset(tmp_path / "b.parquet")
+    with pytest.raises(DataError, match="data file not found"):
+        data.load_dataset(tmp_path / "missing.parquet")
+
+
+def test_rows_with_message_pass_through_prompt_preparation_unchanged(chat_tokenizer):
+    rows, _ = data.prepare_prompts(chat_tokenizer, [CANOE_ROW], 512)
+    # the prompt is built from `problem` (the system prompt is ours, not message[0]); `message` rides along
+    assert rows[0]["message"] == CANOE_ROW["message"] and data.SYSTEM_PROMPT in rows[0]["prompt"]
+    assert "S<|im_end|>" not in rows[0]["prompt"]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # System prompt, rendering, overflow rule
 # ---------------------------------------------------------------------------------------------------------------
@@ -385,6 +435,11 @@ def test_sampler_rejects_bad_arguments_and_foreign_state():
         ("No", "no", False, True),  # the gold itself is negated
         ("not at all", "not at all", False, True),
         ("none", "nothing", False, False),
+        ("without doubt Paris", "Paris", True, False),  # "without" and "hardly" are negations (the official list)
+        ("hardly Paris", "Paris", True, False),
+        ("$5", "5", False, True),  # SQuAD deletes the ASCII symbols $ + < = > ^ ` | ~ as punctuation
+        ("a+b=c", "abc", False, True),
+        ("<b>|x|~^`", "bx", False, True),
         ("Lyons", ["Lyon", "Lyons"], False, True),  # aliases
         ("Lyon", [], False, False),
         ("", "", False, False),  # an empty gold never matches

@@ -232,3 +232,34 @@ def test_time_budget_ends_the_run_with_a_checkpoint(tmp_path, smoke_data):
     launch(config, 1)
     assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000001"
+
+
+MESSAGE_REWARD = '''
+def message_seen_reward(completions: list, message: list, problem: list, **kwargs) -> list[float]:
+    """1.0 when this completion's `message` column is CANOE's chat for its own problem."""
+    return [1.0 if m[0]["role"] == "user" and m[0]["content"] == p else 0.0 for m, p in zip(message, problem)]
+
+REWARD_FUNCS["message_seen"] = message_seen_reward
+'''
+
+
+def test_canoe_training_rows_with_message_train_as_they_are(tmp_path, smoke_data):
+    # CANOE's final_10k.jsonl rows: problem, solution, the chat in `message` (a list of {role, content}), other
+    # columns. Our stage 2 builds its prompt from `problem`; `message` reaches every reward as a keyword
+    # argument, one value per completion, which a reward appended to a fork of rewards.py checks.
+    rows = [{**row, "message": [{"role": "user", "content": row["problem"]}], "source": "canoe"}
+            for row in read_jsonl(smoke_data)]
+    canoe_file = tmp_path / "final_10k.jsonl"
+    canoe_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fork = tmp_path / "fork"
+    fork.mkdir()
+    for path in ROOT.glob("*.py"):
+        shutil.copy(path, fork / path.name)
+    with open(fork / "rewards.py", "a") as f:
+        f.write("\n" + MESSAGE_REWARD)
+    config = write_config(tmp_path, canoe_file, max_steps=1, model=str(SMOKE_MODEL),
+                          rewards={"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0, "message_seen": 1.0})
+    launch(config, 1, root=fork)
+    check_run(tmp_path / "run", 1, tolerance=1e-3)
+    (metrics,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert metrics["reward/message_seen"] == 1.0

@@ -1,0 +1,342 @@
+"""The CANOE paper's short-form benchmarks, read and scored exactly as the paper's evaluation code does.
+
+CANOE (arXiv 2505.16483) reports EM / accuracy on ConFiQA (QA, MR, MC), FiQA, CNQ, FaithEval and FollowRAG.
+None of their files can be shipped here; a user who has them (from the authors' drive or the model hub) points
+`canoe.py --eval --suite NAME --eval-file PATH` at one. This file holds the pure parts, one suite at a time:
+the reader (what each record must hold), the user turn (prompt A or B, verbatim), the extraction of the answer
+from a model output, SQuAD's normalisation and the scores. evaluate.py runs a model (or reads predictions) and
+writes the table. Every rule below is the official evaluation scripts' (`eval/**/evaluation_ours*.py` of the
+CANOE repository), including their quirks, which are named where they live:
+
+| suite | file | user turn | gold | scores |
+|---|---|---|---|---|
+| confiqa | `ConFiQA-{QA,MR,MC}-test.json` (a JSON list) | A(`cf_context`, `question`) | `cf_answer` + `cf_alias` | em, ps, po, mr |
+| fiqa | the same files | A(`orig_context`, `question`) | `orig_answer` + `orig_alias` | em, ps, po, mr |
+| cnq | `conflict_dev_filtered.json` (a JSON list) | A(`context`, `question`) | `answer` | em |
+| faitheval | FaithEval-counterfactual, split `test` | B(`context`, `question`, `choices`) | see `faitheval_golds` | acc, acc_fixed |
+| followrag | `{hq,nq,tq,webq}.json` (JSON lists) | A(cut of `prompt`, `question`) | `answer_gold` split on "/" | em |
+
+For ConFiQA the "other" answers (p_o) are the original ones; FiQA swaps the roles (its gold is the original
+answer, its "other" the counterfactual one). Scores are percentages over every item. Two deliberate differences
+from the official arithmetic, neither visible at two decimals: the official scripts divide by `n + 1e-5` and
+MR by `ps + po + 1e-10` (guards against zero); we divide by `n` (and refuse an empty file) and report MR 0 when
+ps + po = 0, which is the official value in that case too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data import DataError
+
+# --------------------------------------------------------------------------------------------------------------
+# Prompts
+# --------------------------------------------------------------------------------------------------------------
+
+# Prompt A (ConFiQA, FiQA, CNQ, FollowRAG), formatted with (context, question): no spaces inside the tags, a
+# space after "words." and after the newline, none after "Question:".
+PROMPT_A = (
+    "<context>{}</context>\n\nRefer to the passages above, first think about the reasoning process internally and "
+    "then answer the following question with just a few words. \n Question:{}"
+)
+# Prompt B (FaithEval), formatted with (context, question): spaces inside the tags; the options follow.
+PROMPT_B = (
+    "<context> {} </context>\n\nPlease select the correct option according to the question, and just output the "
+    "option letter (e.g. A/B/C/D) Question: {}\n"
+)
+OPTIONS_HEADER = "Options: \n"
+OPTIONS_SEPARATOR = "\n "  # the official scripts join the "{label}: {text}" lines with a newline and a space
+
+
+def indent_system_prompt(system_prompt: str) -> str:
+    """The evaluation scripts' system prompt: the training one with every non-empty line indented by 4 spaces.
+
+    >>> indent_system_prompt("First line.\\n\\nSecond line.")
+    '    First line.\\n\\n    Second line.'
+    """
+    return "\n".join("    " + line if line.strip() else line for line in system_prompt.split("\n"))
+
+
+def faitheval_prompt(context: str, question: str, labels: Sequence[str], texts: Sequence[str]) -> str:
+    """Prompt B, then "Options: \\n", then the options as "{label}: {text}" joined by a newline and a space."""
+    options = OPTIONS_SEPARATOR.join(f"{label}: {text}" for label, text in zip(labels, texts))
+    return PROMPT_B.format(context, question) + OPTIONS_HEADER + options
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Extraction and normalisation
+# --------------------------------------------------------------------------------------------------------------
+
+# Without DOTALL, as in the official scripts: a section with a newline inside does not match, and the fallback
+# (the whole stripped output) is used instead. Our training rewards read sections with DOTALL (tags.py).
+_SECTION_RES = {name: re.compile(f"<{name}>(.*?)</{name}>") for name in ("think", "long_answer", "answer")}
+
+
+def extract(output: str) -> dict[str, str]:
+    """`think`, `long_answer` and `answer` of a model output, the official way.
+
+    Each is the first non-DOTALL match of `<tag>(.*?)</tag>` in the stripped output, stripped; with no match,
+    the whole stripped output.
+
+    >>> extract(" <think>t</think><answer> Rome </answer>")["answer"]
+    'Rome'
+    >>> extract("<answer>Ro\\nme</answer>")["answer"]
+    '<answer>Ro\\nme</answer>'
+    """
+    text = output.strip()
+    sections = {}
+    for name, pattern in _SECTION_RES.items():
+        match = pattern.search(text)
+        sections[name] = match.group(1).strip() if match else text
+    return sections
+
+
+_ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize(text: str) -> str:
+    """SQuAD's normalisation: lowercase, delete ASCII punctuation, articles to spaces, collapse whitespace.
+
+    Punctuation is deleted, not replaced ("Cluj-Napoca" → "clujnapoca"); only `string.punctuation` counts (a
+    curly quote stays). A lone option letter "A" is an article and normalises to "".
+
+    >>> normalize("The Eiffel-Tower!")
+    'eiffeltower'
+    >>> normalize("A")
+    ''
+    """
+    no_punct = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES_RE.sub(" ", no_punct).split())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Scores
+# --------------------------------------------------------------------------------------------------------------
+
+# The official negation list (ConFiQA/FiQA only).
+NEGATION_WORDS = ("no", "not", "never", "none", "cannot", "nobody", "nothing", "nowhere", "neither", "nor",
+                  "without", "hardly")
+
+
+def _negated(text: str) -> bool:
+    return any(word in text.split() for word in NEGATION_WORDS)
+
+
+def exact_match(prediction: str, golds: Sequence[str], negation_guard: bool) -> bool:
+    """The official EM: the normalised prediction equals a normalised gold, and (with the guard) the RAW
+    prediction has no negation word.
+
+    The guard tests `word in prediction.split()` on the raw text: it is case-sensitive and punctuation stays
+    attached, so "No" and "nothing." slip through it (both are then compared as normalised text).
+    """
+    if negation_guard and _negated(prediction):
+        return False
+    pred = normalize(prediction)
+    return any(pred == normalize(gold) for gold in golds)
+
+
+def recall(prediction: str, golds: Sequence[str], negation_guard: bool) -> bool:
+    """The official recall: some normalised gold is a substring of the normalised prediction, and (with the
+    guard) the NORMALISED prediction has no negation word. A substring, not a word: "ian" is in "brian"."""
+    pred = normalize(prediction)
+    if negation_guard and _negated(pred):
+        return False
+    return any(normalize(gold) in pred for gold in golds)
+
+
+def faitheval_golds(answer_key: str, labels: Sequence[str], texts: Sequence[str]) -> list[str]:
+    """The official FaithEval gold list, bug included: the key, then for EVERY option "label: text" and text.
+
+    So naming any option's text scores, right or wrong. Key C of A Paris / B London / C Rome / D Berlin:
+    ["C", "A: Paris", "Paris", "B: London", "London", "C: Rome", "Rome", "D: Berlin", "Berlin"].
+    """
+    golds = [answer_key]
+    for label, text in zip(labels, texts):
+        golds += [f"{label}: {text}", text]
+    return golds
+
+
+def faitheval_fixed(prediction: str, answer_key: str, labels: Sequence[str], texts: Sequence[str]) -> bool:
+    """FaithEval scored right: the key letter, or the key's text, or "key: text" (any of them alone).
+
+    The letter is compared after lowercasing and deleting punctuation and spaces only (SQuAD's normalisation
+    would turn the letter "A" into "", so an empty answer would score when the key is A): "(C)" and "C." are C.
+    The texts use SQuAD's normalisation; an empty prediction never scores.
+    """
+    letter = "".join(ch for ch in prediction.lower() if ch not in _PUNCTUATION and not ch.isspace())
+    if letter and letter == answer_key.lower():
+        return True
+    pred = normalize(prediction)
+    key_text = dict(zip(labels, texts)).get(answer_key)
+    if not pred or key_text is None:
+        return False
+    return pred in (normalize(key_text), normalize(f"{answer_key}: {key_text}"))
+
+
+def percent(hits: Sequence[bool]) -> float:
+    """100 × the share of True (the official scripts divide by n + 1e-5; see the module docstring)."""
+    return 100.0 * sum(hits) / len(hits)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Suites: reading an item, its user turn, its scores
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Item:
+    """One benchmark record, read the official way. `problem` is the user turn; `golds`/`others` the answer
+    lists the scores compare with (`others`: the competing answers of ConFiQA/FiQA, else empty); `key`,
+    `labels`, `texts`: FaithEval's answer key and options."""
+
+    index: int
+    id: Any
+    question: str
+    problem: str
+    golds: tuple[str, ...]
+    others: tuple[str, ...] = ()
+    key: str = ""
+    labels: tuple[str, ...] = ()
+    texts: tuple[str, ...] = ()
+
+
+def _field(record: dict, name: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = record.get(name)
+    if not isinstance(value, kind):
+        raise DataError(f"{where}: field {name!r} missing or not a {getattr(kind, '__name__', 'list')}")
+    return value
+
+
+def _confiqa_item(index: int, record: dict, where: str, factual: bool) -> Item:
+    question = _field(record, "question", str, where)
+    cf = [_field(record, "cf_answer", str, where), *_field(record, "cf_alias", list, where)]
+    orig = [_field(record, "orig_answer", str, where), *_field(record, "orig_alias", list, where)]
+    context = _field(record, "orig_context" if factual else "cf_context", str, where)
+    if not all(isinstance(answer, str) for answer in cf + orig):
+        raise DataError(f"{where}: 'cf_alias' and 'orig_alias' must be lists of strings")
+    golds, others = (orig, cf) if factual else (cf, orig)
+    return Item(index, record.get("id", index), question, PROMPT_A.format(context, question), tuple(golds),
+                tuple(others))
+
+
+def _cnq_item(index: int, record: dict, where: str) -> Item:
+    question = _field(record, "question", str, where)
+    context = _field(record, "context", str, where)
+    return Item(index, record.get("uid", index), question, PROMPT_A.format(context, question),
+                (_field(record, "answer", str, where),))
+
+
+FOLLOWRAG_START = "Given the following information:"
+FOLLOWRAG_END = "Answer the following question"
+
+
+def followrag_context(prompt: str) -> str:
+    """FollowRAG's passages: the text of `prompt` between the two official markers, stripped (the official
+    `prompt.split(START)[1].split(END)[0].strip()`)."""
+    return prompt.split(FOLLOWRAG_START)[1].split(FOLLOWRAG_END)[0].strip()
+
+
+def _followrag_item(index: int, record: dict, where: str) -> Item:
+    question = _field(record, "question", str, where)
+    prompt = _field(record, "prompt", str, where)
+    if FOLLOWRAG_START not in prompt:
+        raise DataError(f"{where}: 'prompt' lacks {FOLLOWRAG_START!r}, where the passages begin")
+    gold = _field(record, "answer_gold", str, where)
+    # Every "/" splits, even one inside an answer, as in the official script.
+    golds = gold.split("/") if "/" in gold else [gold]
+    return Item(index, record.get("key", index), question, PROMPT_A.format(followrag_context(prompt), question),
+                tuple(golds))
+
+
+def _faitheval_item(index: int, record: dict, where: str) -> Item:
+    question = _field(record, "question", str, where)
+    context = _field(record, "context", str, where)
+    key = _field(record, "answerKey", str, where)
+    choices = _field(record, "choices", dict, where)
+    labels, texts = choices.get("label"), choices.get("text")
+    if not (isinstance(labels, list) and isinstance(texts, list) and len(labels) == len(texts)):
+        raise DataError(f"{where}: 'choices' must hold two lists of equal length, 'label' and 'text'")
+    return Item(index, record.get("id", index), question, faitheval_prompt(context, question, labels, texts),
+                tuple(faitheval_golds(key, labels, texts)), key=key, labels=tuple(labels), texts=tuple(texts))
+
+
+SUITES = ("confiqa", "fiqa", "cnq", "faitheval", "followrag")
+_READERS = {
+    "confiqa": lambda i, r, w: _confiqa_item(i, r, w, factual=False),
+    "fiqa": lambda i, r, w: _confiqa_item(i, r, w, factual=True),
+    "cnq": _cnq_item,
+    "faitheval": _faitheval_item,
+    "followrag": _followrag_item,
+}
+
+
+def read_records(path: str | Path, split: str = "test") -> list[dict]:
+    """The records of a suite file: a JSON list (as the official scripts read ConFiQA, CNQ and FollowRAG), or,
+    for FaithEval from the hub, anything `data.load_records` reads (parquet, JSONL, a `save_to_disk` folder)."""
+    path = Path(path)
+    if path.suffix.lower() == ".json":
+        try:
+            records = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DataError(f"{path}: data file not found") from None
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(records, list):
+            raise DataError(f"{path}: expected a JSON list of records, got {type(records).__name__}")
+        return records
+    from data import load_records  # parquet and saved datasets go through the `datasets` library
+
+    return load_records(path, split=split)
+
+
+def read_suite(suite: str, path: str | Path) -> list[Item]:
+    """Every record of `path` as an Item of `suite`; a bad record is a DataError naming its index."""
+    if suite not in _READERS:
+        raise ValueError(f"unknown suite {suite!r}; choose from {SUITES}")
+    records = read_records(path)
+    if not records:
+        raise DataError(f"{path}: no records")
+    items = []
+    for index, record in enumerate(records):
+        where = f"{path}: item {index}"
+        if not isinstance(record, dict):
+            raise DataError(f"{where}: expected an object, got {type(record).__name__}")
+        items.append(_READERS[suite](index, record, where))
+    return items
+
+
+# The score names the official scripts print, per suite; acc_fixed is ours (FaithEval scored without the bug).
+METRICS = {"confiqa": ("em", "ps", "po", "mr"), "fiqa": ("em", "ps", "po", "mr"), "cnq": ("em",),
+           "faitheval": ("acc", "acc_fixed"), "followrag": ("em",)}
+
+
+def item_hits(suite: str, item: Item, prediction: str) -> dict[str, bool]:
+    """What one prediction (an extracted answer) scores on one item, per counted metric."""
+    if suite in ("confiqa", "fiqa"):
+        gold = recall(prediction, item.golds, negation_guard=True)
+        other = recall(prediction, item.others, negation_guard=False)
+        return {"em": exact_match(prediction, item.golds, negation_guard=True), "ps": gold and not other,
+                "po": other}
+    if suite == "faitheval":
+        return {"acc": exact_match(prediction, item.golds, negation_guard=False),
+                "acc_fixed": faitheval_fixed(prediction, item.key, item.labels, item.texts)}
+    return {"em": exact_match(prediction, item.golds, negation_guard=False)}  # cnq, followrag: no guard
+
+
+def score(suite: str, items: Sequence[Item], predictions: Sequence[str]) -> dict[str, float]:
+    """The suite's scores in percent over every item; ConFiQA/FiQA add MR = po / (ps + po) × 100."""
+    if not items or len(items) != len(predictions):
+        raise ValueError(f"need one prediction per item, got {len(predictions)} for {len(items)} items")
+    hits = [item_hits(suite, item, pred) for item, pred in zip(items, predictions)]
+    scores = {name: percent([h[name] for h in hits]) for name in hits[0]}
+    if "po" in scores:
+        total = scores["ps"] + scores["po"]
+        scores["mr"] = 100.0 * scores["po"] / total if total else 0.0
+    return {"n": len(items), **{name: scores[name] for name in METRICS[suite]}}

@@ -1,0 +1,376 @@
+"""The paper's benchmarks (suites.py) and their runner (evaluate.py --suite), on small files of our own in each
+official format (tests/suites/): every prompt string, extraction and scoring rule, with hand-computed scores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import data
+import evaluate
+import suites
+import synth
+from config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "suites"
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prompts, extraction, normalisation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_prompt_a_is_the_official_string():
+    assert suites.PROMPT_A.format("Lyon is the capital.", "What is the capital?") == (
+        "<context>Lyon is the capital.</context>\n\nRefer to the passages above, first think about the reasoning "
+        "process internally and then answer the following question with just a few words. \n Question:What is the "
+        "capital?")
+
+
+def test_prompt_b_with_options_is_the_official_string():
+    prompt = suites.faitheval_prompt("Rome is the capital.", "Which city?", ["A", "B"], ["Paris", "Rome"])
+    assert prompt == ("<context> Rome is the capital. </context>\n\nPlease select the correct option according to "
+                      "the question, and just output the option letter (e.g. A/B/C/D) Question: Which city?\n"
+                      "Options: \nA: Paris\n B: Rome")
+
+
+def test_evaluation_system_prompt_indents_every_non_empty_line_by_four_spaces():
+    indented = suites.indent_system_prompt(data.SYSTEM_PROMPT)
+    lines = indented.split("\n")
+    assert all(line.startswith("    ") for line in lines if line)
+    assert "" in lines  # the blank lines between paragraphs stay empty
+    assert "\n".join(line.removeprefix("    ") for line in lines) == data.SYSTEM_PROMPT
+
+
+@pytest.mark.parametrize("output, expected", [
+    (" <think> t </think><long_answer>L</long_answer><answer> Rome </answer> ", ("t", "L", "Rome")),
+    ("<answer>Rome</answer><answer>Milan</answer>", (None, None, "Rome")),  # the first match
+    # no DOTALL: a section with a newline inside is no match, so the whole stripped output stands for it
+    ("<think>a\nb</think><answer>Ro\nme</answer>", (None, None, None)),
+    ("Rome", (None, None, None)),  # no tags at all
+    ("<answer></answer>", (None, None, "")),
+])
+def test_extract_is_non_dotall_with_the_whole_output_as_fallback(output, expected):
+    whole = output.strip()
+    sections = suites.extract(output)
+    assert (sections["think"], sections["long_answer"], sections["answer"]) == tuple(
+        whole if e is None else e for e in expected)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The Eiffel-Tower!", "eiffeltower"),  # deleted, not replaced by a space
+    ("$5 + 2 = 7", "5 2 7"),  # the ASCII symbols $ + = are punctuation to SQuAD
+    ("<a>|b|~c^`d\\", "abcd"),  # and so are < > | ~ ^ ` \ (deleted first, so "a" is no longer a word)
+    ("A", ""),  # a lone option letter is an article
+    ("\u201cLyon\u201d", "\u201clyon\u201d"),  # curly quotes are not in string.punctuation
+    ("  An   apple  ", "apple"),
+])
+def test_normalize_is_squads(text, expected):
+    assert suites.normalize(text) == expected
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scoring rules
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prediction, golds, guard, expected", [
+    ("No Doubt", ["No Doubt"], True, True),  # the raw guard is case-sensitive: "No" slips through
+    ("no doubt", ["No Doubt"], True, False),  # "no" does not
+    ("nothing.", ["nothing"], True, True),  # punctuation stays attached in the raw guard: "nothing." slips through
+    ("nothing", ["nothing"], True, False),
+    ("without", ["without"], True, False),  # "without" and "hardly" are on the official list
+    ("hardly", ["hardly"], True, False),
+    ("not Paris", ["Paris"], False, False),  # no guard, but "not paris" != "paris" anyway
+    ("no", ["No"], False, True),  # CNQ/FollowRAG: no guard
+    ("the Paris.", ["Lyon", "Paris"], True, True),  # aliases: any gold
+    ("", ["A"], False, True),  # "A" normalises to "": an empty answer matches it
+])
+def test_exact_match(prediction, golds, guard, expected):
+    assert suites.exact_match(prediction, golds, negation_guard=guard) is expected
+
+
+@pytest.mark.parametrize("prediction, golds, guard, expected", [
+    ("Brian", ["Ian"], True, True),  # substring, not word: "ian" is in "brian"
+    ("It is Lyon, France", ["Lyon"], True, True),
+    ("No Doubt", ["No Doubt"], True, False),  # the recall guard reads the normalised text: "no" is caught
+    ("No Doubt", ["No Doubt"], False, True),
+    ("Nothing but Lyon", ["Lyon"], True, False),
+])
+def test_recall(prediction, golds, guard, expected):
+    assert suites.recall(prediction, golds, negation_guard=guard) is expected
+
+
+LABELS, TEXTS = ["A", "B", "C", "D"], ["Paris", "London", "Rome", "Berlin"]
+
+
+@pytest.mark.parametrize("prediction, official, fixed", [
+    # key C; official golds after normalisation: c, paris, paris, b london, london, c rome, rome, d berlin, berlin
+    ("C", True, True),
+    ("A", False, False),  # "A" -> "": not among the official golds; and not the key
+    ("Paris", True, False),  # the bug: any option's text scores
+    ("A: Paris", True, False),  # "a paris" -> article removed -> "paris"
+    ("A. Paris", True, False),
+    ("(A)", False, False),  # "(a)" -> "a" -> ""
+    ("Rome", True, True),
+    ("C: Rome", True, True),  # "c rome"
+    ("(C)", True, True),  # official: "(c)" -> "c"; fixed: the letter C
+    ("", False, False),
+])
+def test_faitheval_examples_official_and_fixed(prediction, official, fixed):
+    golds = suites.faitheval_golds("C", LABELS, TEXTS)
+    assert golds == ["C", "A: Paris", "Paris", "B: London", "London", "C: Rome", "Rome", "D: Berlin", "Berlin"]
+    assert suites.exact_match(prediction, golds, negation_guard=False) is official
+    assert suites.faitheval_fixed(prediction, "C", LABELS, TEXTS) is fixed
+
+
+def test_faitheval_key_a_lets_an_empty_answer_score_officially_but_not_fixed():
+    golds = suites.faitheval_golds("A", LABELS, TEXTS)
+    assert suites.exact_match("", golds, negation_guard=False) is True  # normalize("") == normalize("A") == ""
+    assert suites.faitheval_fixed("", "A", LABELS, TEXTS) is False
+    assert suites.faitheval_fixed("a", "A", LABELS, TEXTS) is True
+
+
+def test_mr_is_po_over_ps_plus_po_and_zero_when_both_are_zero():
+    items = [suites.Item(0, 0, "q", "p", ("Lyon",), ("Paris",)), suites.Item(1, 1, "q", "p", ("Rome",), ("Milan",))]
+    # item 0 "Paris" -> po; item 1 "Rome" -> ps, em: ps 50, po 50, mr = 50 / (50 + 50) * 100 = 50
+    assert suites.score("confiqa", items, ["Paris", "Rome"]) == {"n": 2, "em": 50.0, "ps": 50.0, "po": 50.0,
+                                                                  "mr": 50.0}
+    assert suites.score("confiqa", items, ["x", "y"])["mr"] == 0.0
+    with pytest.raises(ValueError, match="one prediction per item"):
+        suites.score("confiqa", items, ["x"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fixtures, one per suite, scored as the official scripts would
+# ---------------------------------------------------------------------------------------------------------------
+
+# suite -> (benchmark file, predictions file, expected scores); the reasoning is in the tests below.
+CASES = {
+    "confiqa": ("ConFiQA-QA-test.json", "confiqa.predictions.jsonl",
+                {"n": 8, "em": 37.5, "ps": 50.0, "po": 25.0, "mr": 100 * 25.0 / 75.0}),
+    "fiqa": ("ConFiQA-QA-test.json", "fiqa.official-result.json",
+             {"n": 8, "em": 75.0, "ps": 75.0, "po": 12.5, "mr": 100 * 12.5 / 87.5}),
+    "cnq": ("conflict_dev_filtered.json", "cnq.predictions.jsonl", {"n": 4, "em": 50.0}),
+    "faitheval": ("faitheval-counterfactual.jsonl", "faitheval.predictions.jsonl",
+                  {"n": 8, "acc": 75.0, "acc_fixed": 25.0}),
+    "followrag": ("hq.json", "followrag.predictions.jsonl", {"n": 4, "em": 50.0}),
+}
+
+
+def hits(suite: str) -> list[dict[str, bool]]:
+    file, predictions, _ = CASES[suite]
+    items = suites.read_suite(suite, FIXTURES / file)
+    found = evaluate.read_predictions(FIXTURES / predictions, items)
+    return [suites.item_hits(suite, item, f["pred"]) for item, f in zip(items, found)]
+
+
+def test_confiqa_fixture_item_by_item():
+    # answers (extracted from the outputs) against gold [cf_answer, *cf_alias] and other [orig_answer, *orig_alias]
+    assert hits("confiqa") == [
+        {"em": True, "ps": True, "po": False},  # 0 "Lyon." vs Lyon; other Paris / City of Light absent
+        {"em": True, "ps": False, "po": False},  # 1 "No Doubt": "No" slips the raw EM guard, not the recall guard
+        {"em": False, "ps": False, "po": False},  # 2 "no doubt": caught by both guards
+        {"em": False, "ps": True, "po": False},  # 3 "Brian" vs Ian: substring recall
+        {"em": False, "ps": False, "po": True},  # 4 "Bonn": the original answer
+        {"em": False, "ps": False, "po": True},  # 5 "Rome or Milan": gold and other both in it, so ps is 0
+        {"em": True, "ps": True, "po": False},  # 6 "the UK": the alias UK
+        # 7 "<answer>Lyon\nFrance</answer>" has a newline: the whole output is the answer, normalised to
+        #   "thinktthinkanswerlyon franceanswer", which holds "lyon" (ps) but equals nothing (em)
+        {"em": False, "ps": True, "po": False},
+    ]
+    # em 3/8 = 37.5, ps 4/8 = 50, po 2/8 = 25, mr = 25 / (50 + 25) * 100 = 33.33
+    assert suites.score("confiqa", *_items_and_preds("confiqa")) == CASES["confiqa"][2]
+
+
+def test_fiqa_fixture_from_an_official_result_file():
+    # FiQA: gold [orig_answer, *orig_alias], other the cf answers; `pred` of the result file is used as it is
+    assert hits("fiqa") == [
+        {"em": True, "ps": True, "po": False},  # 0 "City of Light": the alias of Paris
+        {"em": True, "ps": True, "po": False},  # 1 "Nirvana"
+        {"em": False, "ps": False, "po": False},  # 2 "not Nirvana": both guards
+        {"em": True, "ps": True, "po": False},  # 3 "Mary"
+        {"em": False, "ps": False, "po": True},  # 4 "Berlin": the counterfactual answer
+        {"em": True, "ps": True, "po": False},  # 5 "Milan"
+        {"em": True, "ps": True, "po": False},  # 6 "France"
+        {"em": True, "ps": True, "po": False},  # 7 "Paris"
+    ]
+    # em 6/8 = 75, ps 6/8 = 75, po 1/8 = 12.5, mr = 12.5 / 87.5 * 100 = 14.29
+    assert suites.score("fiqa", *_items_and_preds("fiqa")) == CASES["fiqa"][2]
+
+
+def test_cnq_fixture():
+    # 0 "abraham lincoln" = Abraham Lincoln; 1 "no" = No (CNQ has no negation guard); 2 "Superior" is not
+    # "Lake Superior" (EM only, no recall); 3 "Mount\nEverest" inside <answer> -> the whole output, no match.
+    assert hits("cnq") == [{"em": True}, {"em": True}, {"em": False}, {"em": False}]  # 2/4 = 50
+
+
+def test_followrag_fixture_splits_gold_on_every_slash_and_cuts_the_context():
+    items = suites.read_suite("followrag", FIXTURES / "hq.json")
+    assert items[0].golds == ("Seattle", "Seattle, Washington")
+    assert items[1].golds == ("AC", "DC")  # a real "/" inside an answer is split too, as in the official script
+    assert items[3].golds == ("1969",)
+    record = json.loads((FIXTURES / "hq.json").read_text())[0]
+    # the passages: between "Given the following information:" and "Answer the following question", stripped
+    passages = ("Passage-0: The Space Needle is in Seattle.\nPassage-1: Seattle is in Washington.\n"
+                "Passage-2: Needles are sharp.")
+    assert suites.followrag_context(record["prompt"]) == passages
+    assert items[0].problem == suites.PROMPT_A.format(passages, "where is the space needle")
+    # 0 "Seattle, Washington" (the 2nd alias); 1 "AC/DC" -> "acdc", neither "ac" nor "dc"; 2 "DC" -> "dc" scores;
+    # 3 "In 1969" != "1969": 2/4 = 50
+    assert hits("followrag") == [{"em": True}, {"em": False}, {"em": True}, {"em": False}]
+
+
+def test_faitheval_fixture():
+    # keys C (items 0-6) and A (item 7), options A Paris / B London / C Rome / D Berlin; answers
+    # C, A, Paris, "A: Paris", "A. Paris", (A), Rome, "" -> official 1,0,1,1,1,0,1,1 (6/8 = 75),
+    # fixed 1,0,0,0,0,0,1,0 (2/8 = 25)
+    assert [h["acc"] for h in hits("faitheval")] == [True, False, True, True, True, False, True, True]
+    assert [h["acc_fixed"] for h in hits("faitheval")] == [True, False, False, False, False, False, True, False]
+
+
+def _items_and_preds(suite: str) -> tuple[list[suites.Item], list[str]]:
+    file, predictions, _ = CASES[suite]
+    items = suites.read_suite(suite, FIXTURES / file)
+    return items, [f["pred"] for f in evaluate.read_predictions(FIXTURES / predictions, items)]
+
+
+def test_faitheval_reads_parquet_and_save_to_disk_folders_as_the_jsonl(tmp_path):
+    import datasets
+
+    expected = suites.read_suite("faitheval", FIXTURES / "faitheval-counterfactual.jsonl")
+    table = datasets.Dataset.from_json(str(FIXTURES / "faitheval-counterfactual.jsonl"))
+    table.to_parquet(str(tmp_path / "test.parquet"))
+    datasets.DatasetDict({"test": table}).save_to_disk(str(tmp_path / "saved"))
+    assert suites.read_suite("faitheval", tmp_path / "test.parquet") == expected
+    assert suites.read_suite("faitheval", tmp_path / "saved") == expected  # the split "test", as officially
+    # the hub's own layout, a folder of data files named by split
+    (tmp_path / "hub" / "data").mkdir(parents=True)
+    table.to_parquet(str(tmp_path / "hub" / "data" / "test-00000-of-00001.parquet"))
+    assert suites.read_suite("faitheval", tmp_path / "hub") == expected
+
+
+def test_confiqa_reader_and_prompts():
+    items = suites.read_suite("confiqa", FIXTURES / "ConFiQA-QA-test.json")
+    assert items[6].golds == ("United Kingdom", "UK", "Britain") and items[6].others == ("France",)
+    assert items[0].problem == suites.PROMPT_A.format("The capital of France is Lyon.", "What is the capital of France?")
+    factual = suites.read_suite("fiqa", FIXTURES / "ConFiQA-QA-test.json")
+    assert factual[0].golds == ("Paris", "City of Light") and factual[0].others == ("Lyon",)
+    assert factual[0].problem == suites.PROMPT_A.format("The capital of France is Paris.", "What is the capital of France?")
+
+
+def test_reader_and_prediction_errors_name_the_item(tmp_path):
+    records = json.loads((FIXTURES / "ConFiQA-QA-test.json").read_text())
+    del records[1]["cf_alias"]
+    (tmp_path / "bad.json").write_text(json.dumps(records))
+    with pytest.raises(data.DataError, match=r"bad.json: item 1: field 'cf_alias' missing"):
+        suites.read_suite("confiqa", tmp_path / "bad.json")
+    items = suites.read_suite("confiqa", FIXTURES / "ConFiQA-QA-test.json")
+    with pytest.raises(data.DataError, match="7 predictions for 8 items"):
+        lines = (FIXTURES / "confiqa.predictions.jsonl").read_text().splitlines()[:7]
+        (tmp_path / "short.jsonl").write_text("\n".join(lines) + "\n")
+        evaluate.read_predictions(tmp_path / "short.jsonl", items)
+    assert len(evaluate.read_predictions(tmp_path / "short.jsonl", items[:7])) == 7  # what --limit 7 scores
+    swapped = json.loads((FIXTURES / "fiqa.official-result.json").read_text())
+    swapped[0], swapped[1] = swapped[1], swapped[0]
+    (tmp_path / "swapped.json").write_text(json.dumps(swapped))
+    with pytest.raises(data.DataError, match="prediction 0: its question"):
+        evaluate.read_predictions(tmp_path / "swapped.json", items)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The runner: `--eval --suite NAME --eval-file F --predictions P`
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suite", sorted(CASES))
+def test_eval_suite_with_predictions_prints_and_writes_the_scores(suite, tmp_path, capsys):
+    file, predictions, expected = CASES[suite]
+    (tmp_path / "config.toml").write_text(f'output_dir = "{tmp_path}/run"\n')
+    cfg = load_config(tmp_path / "config.toml")
+    scores = evaluate.main(cfg, model=None, eval_file=str(FIXTURES / file), suite=suite,
+                           predictions=str(FIXTURES / predictions))
+    assert scores == expected
+    table = capsys.readouterr().out
+    assert " ".join(suites.METRICS[suite]) in " ".join(table.split())  # the official names, in order
+    assert " ".join(f"{expected[m]:.2f}" for m in suites.METRICS[suite]) in " ".join(table.split())
+    name = f"{Path(predictions).stem}-{suite}"
+    report = json.loads((tmp_path / "run" / "eval" / f"{name}.json").read_text())
+    assert report["scores"] == expected and report["suite"] == suite
+    lines = (tmp_path / "run" / "eval" / f"{name}.predictions.jsonl").read_text().splitlines()
+    assert len(lines) == expected["n"] and all("pred" in json.loads(line) for line in lines)
+
+
+def test_canoe_eval_suite_command_line(tmp_path):
+    (tmp_path / "config.toml").write_text(f'output_dir = "{tmp_path}/run"\n')
+    result = subprocess.run([sys.executable, str(ROOT / "canoe.py"), "--config", str(tmp_path / "config.toml"),
+                             "--eval", "--suite", "confiqa", "--eval-file", str(FIXTURES / "ConFiQA-QA-test.json"),
+                             "--predictions", str(FIXTURES / "confiqa.predictions.jsonl")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "em ps po mr" in " ".join(result.stdout.split())
+    assert "8 37.50 50.00 25.00 33.33" in " ".join(result.stdout.split())
+    report = json.loads((tmp_path / "run" / "eval" / "confiqa.predictions-confiqa.json").read_text())
+    assert report["scores"]["em"] == 37.5
+
+
+def test_sampling_settings_are_the_models_own_with_hugging_faces_defaults(tmp_path):
+    assert evaluate.sampling_settings(str(tmp_path), sample=False) == {"temperature": 0.0}
+    # no generation_config.json, or one without do_sample: `generate` would decode greedily
+    assert evaluate.sampling_settings(str(tmp_path), sample=True) == {"temperature": 0.0}
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.6, "top_p": 0.9}))
+    # top_k is HF's default 50 (vLLM's own default would be no top-k); min_p and repetition_penalty off
+    assert evaluate.sampling_settings(str(tmp_path), sample=True) == {
+        "temperature": 0.6, "top_p": 0.9, "top_k": 50, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def test_synthetic_counterfactual_rows_as_confiqa_records(tmp_path):
+    _, rows = synth.synthesize(n=40, eval_share=0.5, seed=3)
+    records = synth.to_confiqa(rows)
+    counterfactual = [r for r in rows if r["task"] == "counterfactual"]
+    assert len(records) == len(counterfactual) > 0
+    for row, record in zip(counterfactual, records):
+        assert record["cf_answer"] == data.answer_span(row["solution"])
+        assert record["orig_answer"] == synth.world_fact(row["relation"], row["entities"][0]) != record["cf_answer"]
+        assert f"<context>{record['cf_context']}</context>\n\n{record['question']}" == row["problem"]
+        assert record["orig_context"] != record["cf_context"] and record["orig_answer"] in record["orig_context"]
+    (tmp_path / "eval-confiqa.json").write_text(json.dumps(records))
+    items = suites.read_suite("confiqa", tmp_path / "eval-confiqa.json")
+    assert [item.golds for item in items] == [(r["cf_answer"],) for r in records]
+
+
+SMOKE_MODEL = ROOT / "models" / "smoke-llama"
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
+def test_eval_suite_answers_every_item_with_a_real_model(tmp_path):
+    (tmp_path / "config.toml").write_text(f'model = "models/smoke-llama"\noutput_dir = "{tmp_path}/run"\n'
+                                          'max_completion_tokens = 40\nmax_prompt_tokens = 64\n')
+    # max_prompt_tokens = 64 is shorter than these prompts: a suite never drops one, it sizes the engine instead
+    result = subprocess.run([sys.executable, str(ROOT / "canoe.py"), "--config", str(tmp_path / "config.toml"),
+                             "--eval", "--suite", "confiqa", "--eval-file", str(FIXTURES / "ConFiQA-QA-test.json"),
+                             "--limit", "3"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads((tmp_path / "run" / "eval" / "smoke-llama-confiqa-ConFiQA-QA-test.json").read_text())
+    assert report["scores"]["n"] == 3 and report["sampling"] == {"temperature": 0.0}
+    assert report["system_prompt_indented"] is True
+    lines = [json.loads(line) for line in
+             (tmp_path / "run" / "eval" / "smoke-llama-confiqa-ConFiQA-QA-test.predictions.jsonl").read_text().splitlines()]
+    assert [line["index"] for line in lines] == [0, 1, 2] and all(line["output"] for line in lines)
+    # the written predictions score again, without the model, to the same numbers
+    (tmp_path / "again.toml").write_text(f'output_dir = "{tmp_path}/again"\n')
+    again = evaluate.main(load_config(tmp_path / "again.toml"), model=None, limit=3, suite="confiqa",
+                          eval_file=str(FIXTURES / "ConFiQA-QA-test.json"),
+                          predictions=str(tmp_path / "run" / "eval" / "smoke-llama-confiqa-ConFiQA-QA-test.predictions.jsonl"))
+    assert again == report["scores"]
+
+
+def test_doctests():
+    import doctest
+
+    result = doctest.testmod(suites)
+    assert result.attempted > 0 and result.failed == 0
