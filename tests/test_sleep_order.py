@@ -31,6 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import canoe
 import data
+import rollout
 from config import Config
 
 VOCAB = 64
@@ -128,6 +129,12 @@ def tiny_model() -> LlamaForCausalLM:
     return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
                                         attn_implementation="sdpa"))
+
+
+@pytest.fixture(autouse=True)
+def cuda_kernels(monkeypatch):
+    """The stand-in is a CUDA engine: it has no packed CPU kernels for `rollout.push_weights` to re-pack."""
+    monkeypatch.setattr(rollout, "cpu_kernels_are_packed", lambda: False)
 
 
 @pytest.fixture(scope="module")
