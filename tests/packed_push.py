@@ -12,8 +12,13 @@ one JSON line: the worst gap after each push and whether the check passed.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+
+# A fixed KV cache (GiB), as training sets it: without one, vLLM's CPU worker asks for gpu_memory_utilization × the
+# host's memory to be free at start-up, which a busy machine may not have.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
