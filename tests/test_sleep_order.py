@@ -147,6 +147,10 @@ def process_group():
                            ("MASTER_PORT", str(port))):
             os.environ.setdefault(key, value)
         deepspeed.init_distributed(dist_backend="gloo")
+        # The process group holds this port from now on: a later test's `canoe.py` subprocess must not inherit it
+        # (it would fail with EADDRINUSE), so the variable is dropped once the group exists.
+        if os.environ.get("MASTER_PORT") == str(port):
+            del os.environ["MASTER_PORT"]
     yield
 
 
