@@ -95,6 +95,18 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
     return [cfg.response_prefix + r.outputs[0].text for r in results]
 
 
+def _tokenizer_and_style(cfg, model: str, indent_system_prompt: bool | None) -> tuple[Any, dict[str, str]]:
+    """The model's tokenizer and the prompt style of training, with the evaluation scripts' indented system prompt
+    when asked (suites.indent_system_prompt). Checks first that `model` is a model folder."""
+    from transformers import AutoTokenizer
+
+    _check_model(model)
+    style = cfg.prompt_style()
+    if indent_system_prompt:
+        style["system_prompt"] = suites.indent_system_prompt(style["system_prompt"])
+    return AutoTokenizer.from_pretrained(model), style
+
+
 def _check_model(model: str) -> None:
     if not (Path(model) / "config.json").exists():
         raise SystemExit(f"error: model path {model!r} is not a Hugging Face model folder")
@@ -112,15 +124,9 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite
                          limit=limit, indent_system_prompt=True if indent_system_prompt is None else indent_system_prompt)
     if predictions is not None:
         raise SystemExit("error: --predictions scores a benchmark's outputs: give its --suite too")
-    from transformers import AutoTokenizer
-
     model = model or cfg.model
     eval_file = eval_file or cfg.eval_file
-    _check_model(model)
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    style = cfg.prompt_style()
-    if indent_system_prompt:
-        style["system_prompt"] = suites.indent_system_prompt(style["system_prompt"])
+    tokenizer, style = _tokenizer_and_style(cfg, model, indent_system_prompt)
     rows = data.load_dataset(eval_file)[: limit or None]
     rows, report = data.prepare_prompts(tokenizer, rows, cfg.max_prompt_tokens, cfg.on_long_prompt, **style)
     print(f"eval data: {eval_file}: {report.summary()}")
@@ -212,14 +218,8 @@ def run_suite(cfg, suite: str, *, eval_file: str | None, model: str | None, pred
         source = {"predictions": str(predictions)}
         name = f"{Path(predictions).stem}-{suite}"
     else:
-        from transformers import AutoTokenizer
-
         model = model or cfg.model
-        _check_model(model)
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        style = cfg.prompt_style()
-        if indent_system_prompt:
-            style["system_prompt"] = suites.indent_system_prompt(style["system_prompt"])
+        tokenizer, style = _tokenizer_and_style(cfg, model, indent_system_prompt)
         # No limit: every item is scored, so the engine is sized for the longest prompt instead.
         rows, report = data.prepare_prompts(tokenizer, [{"problem": item.problem} for item in items], 10**9, **style)
         print(f"{suite}: {eval_file}: {len(items)} items; prompt tokens min {report.min_tokens}, "
