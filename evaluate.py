@@ -20,7 +20,10 @@ Two modes:
   item is scored: no prompt is dropped for its length (the engine is sized for the longest). With
   `--predictions FILE` no model is loaded: FILE is either the `.predictions.jsonl` this mode writes (its
   `output`s are extracted again) or a result file of the official scripts (the suite's JSON list with `pred`
-  added, scored as it is), so the paper's own outputs can be re-scored with the same code.
+  added, scored as it is), so the paper's own outputs can be re-scored with the same code. The official
+  ConFiQA, FiQA and FaithEval scripts print the score only every 100 items: for their files of more than 100
+  items the table and the report also give the figure they would last have printed
+  (suites.official_last_printed), to compare with a paper's table.
 
 Generation is greedy by default. `--sample` samples with the model's own settings (its generation_config.json,
 with the Hugging Face defaults for what it leaves out, as the official scripts' `model.generate` does; a model
@@ -36,6 +39,7 @@ import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode b
 
 import json
 import os
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -154,31 +158,35 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite
 # --------------------------------------------------------------------------------------------------------------
 
 
+class UnpairedPredictionsWarning(UserWarning):
+    """Some predictions name no question, so nothing checks that they are paired with the right items."""
+
+
 def read_predictions(path: str | Path, items: list[suites.Item]) -> list[dict[str, str]]:
     """The `think`, `long_answer` and `pred` (the answer) of every item, from a predictions file.
 
-    A JSON list is an official result file: each record holds `pred` (already extracted, used as it is). Any
-    other file is the JSONL `--eval --suite` writes: each line's `output` is extracted again. There must be one
-    prediction per item, in the items' order; where a record names its question, it must be the item's.
+    A file whose first non-blank character is "[" is one JSON list, an official result file: each record holds
+    `pred` (already extracted, used as it is), and a syntax error is reported at json's own line and column.
+    Any other file is the JSONL `--eval --suite` writes (read by `_jsonl_values`): each line's `output` is
+    extracted again. A UTF-8 byte-order mark is skipped. There must be one prediction per item, in the items'
+    order: the i-th prediction is scored against the i-th item. Where a record names its question, it must be the
+    item's; records without one are paired by position alone, with one UnpairedPredictionsWarning per file.
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise data.DataError(f"{path}: predictions file not found") from None
-    try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
-        whole = None
-    if isinstance(whole, list):
-        records, official = whole, True
+    except UnicodeDecodeError:
+        raise data.DataError(f"{path}: not valid UTF-8") from None
+    official = text.lstrip().startswith("[")
+    if official:
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise data.DataError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
     else:
-        records, official = [], False
-        for number, line in enumerate(text.splitlines(), start=1):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise data.DataError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+        records = _jsonl_values(path, text)
     if len(records) != len(items):
         raise data.DataError(f"{path}: {len(records)} predictions for {len(items)} items; every item must be scored "
                              "(with --limit N, the first N items)")
@@ -196,15 +204,59 @@ def read_predictions(path: str | Path, items: list[suites.Item]) -> list[dict[st
             sections = suites.extract(record["output"])
             found.append({"output": record["output"], "think": sections["think"],
                           "long_answer": sections["long_answer"], "pred": sections["answer"]})
+    _warn_unpaired(path, records)
     return found
 
 
-def suite_table(suite: str, file: str, scores: dict) -> str:
-    """The printed table: one row, the suite's scores in percent."""
+def _jsonl_values(path: Path, text: str) -> list[Any]:
+    """The JSON value of every line of a JSONL text; a bad line is a DataError naming its line and column.
+
+    Lines end at "\\n" only, with a "\\r" before it dropped (CRLF files): str.splitlines would also cut inside
+    JSON strings holding U+2028, U+2029 or U+0085, which JSON allows unescaped. Blank lines are allowed only
+    after the last record, as in data.load_jsonl; a blank line between records is an error.
+    """
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    values = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise data.DataError(f"{path}:{number}: blank line (blank lines are allowed only at the end of the file)")
+        try:
+            values.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise data.DataError(f"{path}:{number}:{err.colno}: not valid JSON ({err.msg})") from None
+    return values
+
+
+def _warn_unpaired(path: Path, records: list[dict]) -> None:
+    """One UnpairedPredictionsWarning if some records have no `question`: nothing checks their pairing."""
+    missing = sum("question" not in record for record in records)
+    if missing:
+        warnings.warn(f"{path}: {missing} of {len(records)} predictions have no 'question' field, so they are paired "
+                      "with the items by position alone, unchecked: the i-th prediction is scored against the i-th "
+                      "item of --eval-file. Add a 'question' field to each (as `--eval --suite` writes it) to have "
+                      "the pairing checked", UnpairedPredictionsWarning, stacklevel=3)
+
+
+def suite_table(suite: str, file: str, scores: dict, last_printed: dict | None = None) -> str:
+    """The printed table: one row, the suite's scores in percent over every item; with `last_printed`
+    (suites.official_last_printed), a second row with the figure the official script would last have printed."""
     metrics = suites.METRICS[suite]
     head = f"{'suite':<11}{'file':<28}{'n':>6}" + "".join(f"{m:>10}" for m in metrics)
     row = f"{suite:<11}{Path(file).stem[:27]:<28}{scores['n']:>6}" + "".join(f"{scores[m]:>10.2f}" for m in metrics)
-    return f"{head}\n{row}"
+    if last_printed is None:
+        return f"{head}\n{row}"
+    m = last_printed["items"]
+    official = f"{'':<11}{'official, last printed':<28}{m:>6}" + "".join(
+        f"{last_printed['scores'][name]:>10.2f}" for name in metrics)
+    every = suites.OFFICIAL_PRINT_EVERY
+    note = f"(the official script prints every {every} items the score so far"
+    if m == scores["n"]:
+        note += f"; {m} is a multiple of {every}, so its last figure covers every item too)"
+    else:
+        note += f": its last figure covers the first {m} of {scores['n']} items; the first row covers every item)"
+    return f"{head}\n{row}\n{official}\n{note}"
 
 
 def run_suite(cfg, suite: str, *, eval_file: str | None, model: str | None, predictions: str | None,
@@ -237,11 +289,14 @@ def run_suite(cfg, suite: str, *, eval_file: str | None, model: str | None, pred
                   "system_prompt_indented": indent_system_prompt}
         name = f"{_run_name(model)}-{suite}-{Path(eval_file).stem}"
     scores = suites.score(suite, items, [f["pred"] for f in found])
+    last_printed = suites.official_last_printed(suite, items, [f["pred"] for f in found])
 
-    print("\n" + suite_table(suite, eval_file, scores))
+    print("\n" + suite_table(suite, eval_file, scores, last_printed))
     out = Path(cfg.output_dir) / "eval"
     out.mkdir(parents=True, exist_ok=True)
     report = {"suite": suite, "eval_file": str(eval_file), **source, "scores": scores}
+    if last_printed is not None:
+        report["official_last_printed"] = last_printed
     (out / f"{name}.json").write_text(json.dumps(report, indent=1))
     with open(out / f"{name}.predictions.jsonl", "w") as f:
         for item, pred in zip(items, found):

@@ -17,7 +17,8 @@ CANOE repository), including their quirks, which are named where they live:
 | followrag | `{hq,nq,tq,webq}.json` (JSON lists) | A(cut of `prompt`, `question`) | `answer_gold` split on "/" | em |
 
 For ConFiQA the "other" answers (p_o) are the original ones; FiQA swaps the roles (its gold is the original
-answer, its "other" the counterfactual one). Scores are percentages over every item. Two deliberate differences
+answer, its "other" the counterfactual one). Scores are percentages over every item (the official ConFiQA, FiQA
+and FaithEval scripts print theirs only every 100 items: see `official_last_printed`). Two deliberate differences
 from the official arithmetic, neither visible at two decimals: the official scripts divide by `n + 1e-5` and
 MR by `ps + po + 1e-10` (guards against zero); we divide by `n` (and refuse an empty file) and report MR 0 when
 ps + po = 0, which is the official value in that case too.
@@ -340,3 +341,24 @@ def score(suite: str, items: Sequence[Item], predictions: Sequence[str]) -> dict
         total = scores["ps"] + scores["po"]
         scores["mr"] = 100.0 * scores["po"] / total if total else 0.0
     return {"n": len(items), **{name: scores[name] for name in METRICS[suite]}}
+
+
+# The suites whose official scripts print the running score every OFFICIAL_PRINT_EVERY items, and only then.
+RUNNING_PRINT_SUITES = ("confiqa", "fiqa", "faitheval")
+OFFICIAL_PRINT_EVERY = 100
+
+
+def official_last_printed(suite: str, items: Sequence[Item], predictions: Sequence[str]) -> dict | None:
+    """The figure the official script would last have printed, for comparing with a paper's table; None if none.
+
+    The official ConFiQA, FiQA and FaithEval scripts print every 100 items the running score over the items so
+    far (after the item at 0-based index i when (i + 1) % 100 == 0). So the last figure they print covers the
+    first m = floor(n / 100) * 100 items, while `score` covers all n. This is {"items": m, "scores": the
+    suite's scores over those m items} for a file of more than 100 items of those suites, else None (CNQ and
+    FollowRAG, or nothing to compare). When n is a multiple of 100, m = n and the two agree.
+    """
+    if suite not in RUNNING_PRINT_SUITES or len(items) <= OFFICIAL_PRINT_EVERY:
+        return None
+    m = len(items) // OFFICIAL_PRINT_EVERY * OFFICIAL_PRINT_EVERY
+    scores = score(suite, items[:m], predictions[:m])
+    return {"items": m, "scores": {name: value for name, value in scores.items() if name != "n"}}

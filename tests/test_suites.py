@@ -283,6 +283,154 @@ def test_reader_and_prediction_errors_name_the_item(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Suite inputs: predictions files as the runs and the official scripts write them
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _confiqa_predictions() -> list[dict]:
+    return [json.loads(line) for line in (FIXTURES / "confiqa.predictions.jsonl").read_text().split("\n") if line]
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\u0085"])
+def test_jsonl_predictions_split_on_newline_only_so_line_separators_in_strings_stay(char, tmp_path):
+    # JSON allows these characters raw inside a string; str.splitlines would break the record there. CRLF ends
+    # the lines of this file: the "\r" goes with the "\n".
+    records = _confiqa_predictions()
+    for record in records[:7]:  # not item 7, whose answer is its whole output (a newline in its <answer>)
+        record["output"] = record["output"].replace("<think>", f"<think>x{char}y ", 1)
+    path = tmp_path / "p.jsonl"
+    path.write_bytes("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in records).encode("utf-8"))
+    assert char.encode("utf-8") in path.read_bytes()  # written raw, not escaped
+    items = suites.read_suite("confiqa", FIXTURES / "ConFiQA-QA-test.json")
+    found = evaluate.read_predictions(path, items)
+    expected = evaluate.read_predictions(FIXTURES / "confiqa.predictions.jsonl", items)
+    assert [f["pred"] for f in found] == [f["pred"] for f in expected]
+    assert found[0]["think"] == f"x{char}y The passage says Lyon."  # "." matches it: no DOTALL needed
+
+
+@pytest.mark.parametrize("char", ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e"])
+def test_a_raw_control_character_in_a_jsonl_string_is_reported_as_such_on_its_line(char, tmp_path):
+    # JSON must escape these (they are control characters), so the record is invalid; the error says why, on
+    # the record's own line, instead of an "unterminated string" where str.splitlines cut the line.
+    lines = [json.dumps(r) for r in _confiqa_predictions()]
+    lines[2] = lines[2].replace("<think>", f"<think>x{char}y", 1)
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    column = lines[2].index(char) + 1
+    items = suites.read_suite("confiqa", FIXTURES / "ConFiQA-QA-test.json")
+    with pytest.raises(data.DataError, match=rf"p.jsonl:3:{column}: not valid JSON \(Invalid control character at\)"):
+        evaluate.read_predictions(tmp_path / "p.jsonl", items)
+
+
+def test_jsonl_predictions_allow_blank_lines_at_the_end_only(tmp_path):
+    items = suites.read_suite("confiqa", FIXTURES / "ConFiQA-QA-test.json")
+    lines = [json.dumps(r) for r in _confiqa_predictions()]
+    (tmp_path / "trailing.jsonl").write_text("\n".join(lines) + "\n\n  \n\n")
+    assert len(evaluate.read_predictions(tmp_path / "trailing.jsonl", items)) == 8
+    (tmp_path / "middle.jsonl").write_text("\n".join(lines[:2] + [""] + lines[2:]) + "\n")
+    with pytest.raises(data.DataError, match=r"middle.jsonl:3: blank line \(blank lines are allowed only at the end"):
+        evaluate.read_predictions(tmp_path / "middle.jsonl", items)
+
+
+def test_a_json_list_with_a_syntax_error_is_reported_at_its_own_line_and_column(tmp_path):
+    # The official result file is pretty-printed (a list over many lines); break the value of one "pred".
+    lines = (FIXTURES / "fiqa.official-result.json").read_text().split("\n")
+    number = next(n for n, line in enumerate(lines, start=1) if line.strip() == '"pred": "Milan",')
+    lines[number - 1] = lines[number - 1].replace('"Milan"', "Milan")
+    column = lines[number - 1].index("Milan") + 1
+    assert number > 100  # far from line 1, where the JSONL reading of it used to put the error
+    (tmp_path / "broken.json").write_text("\n\n" + "\n".join(lines))  # blank lines before the "[" too
+    items = suites.read_suite("fiqa", FIXTURES / "ConFiQA-QA-test.json")
+    with pytest.raises(data.DataError, match=rf"broken.json:{number + 2}:{column}: not valid JSON \(Expecting value\)"):
+        evaluate.read_predictions(tmp_path / "broken.json", items)
+    # a file that starts with "{" is JSONL: its errors name the line, and the column ("}" is the 12th character)
+    (tmp_path / "broken.jsonl").write_text('{"output": "a"}\n{"output": }\n')
+    with pytest.raises(data.DataError, match=r"broken.jsonl:2:12: not valid JSON \(Expecting value\)"):
+        evaluate.read_predictions(tmp_path / "broken.jsonl", items[:2])
+
+
+def test_predictions_files_with_a_utf8_byte_order_mark_are_read(tmp_path):
+    items = suites.read_suite("fiqa", FIXTURES / "ConFiQA-QA-test.json")
+    expected = evaluate.read_predictions(FIXTURES / "fiqa.official-result.json", items)
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + (FIXTURES / "fiqa.official-result.json").read_bytes())
+    assert evaluate.read_predictions(tmp_path / "bom.json", items) == expected
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"output": "caf\xe9"}\n')
+    with pytest.raises(data.DataError, match="latin1.jsonl: not valid UTF-8"):
+        evaluate.read_predictions(tmp_path / "latin1.jsonl", items[:1])
+
+
+def test_predictions_without_a_question_warn_once_per_file_that_they_are_paired_by_position(tmp_path):
+    items = suites.read_suite("confiqa", FIXTURES / "ConFiQA-QA-test.json")
+    records = _confiqa_predictions()
+    for record in records[2:5]:
+        del record["question"]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.warns(UserWarning) as caught:
+        evaluate.read_predictions(tmp_path / "p.jsonl", items)
+    assert len(caught) == 1  # once per file, not once per record
+    message = str(caught[0].message)
+    assert "p.jsonl: 3 of 8 predictions have no 'question'" in message
+    assert "the i-th prediction is scored against the i-th item of --eval-file" in message
+    assert "Add a 'question' field" in message
+    assert issubclass(caught[0].category, evaluate.UnpairedPredictionsWarning)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every record names its question: no warning
+        evaluate.read_predictions(FIXTURES / "confiqa.predictions.jsonl", items)
+
+
+def _confiqa_file(tmp_path: Path, n: int) -> tuple[Path, Path]:
+    """A ConFiQA file of n items (gold Lyon, other Paris) and predictions for it: among the first 100 items the
+    even ones answer Lyon and the odd ones Paris (em 50, ps 50, po 50); every later item answers Lyon."""
+    records = [{"question": f"Q{i}?", "cf_context": "Lyon.", "cf_answer": "Lyon", "cf_alias": [],
+                "orig_context": "Paris.", "orig_answer": "Paris", "orig_alias": []} for i in range(n)]
+    answers = ["Paris" if i < 100 and i % 2 else "Lyon" for i in range(n)]
+    (tmp_path / "big.json").write_text(json.dumps(records))
+    (tmp_path / "big.predictions.jsonl").write_text("".join(
+        json.dumps({"question": r["question"], "output": f"<answer>{a}</answer>"}) + "\n"
+        for r, a in zip(records, answers)))
+    return tmp_path / "big.json", tmp_path / "big.predictions.jsonl"
+
+
+def test_the_official_scripts_last_printed_figure_is_reported_beside_ours(tmp_path, capsys):
+    eval_file, predictions = _confiqa_file(tmp_path, 150)
+    (tmp_path / "config.toml").write_text(f'output_dir = "{tmp_path}/run"\n')
+    cfg = load_config(tmp_path / "config.toml")
+    scores = evaluate.main(cfg, model=None, eval_file=str(eval_file), suite="confiqa", predictions=str(predictions))
+    # ours, every item: em = ps = 100/150, po = 50/150, mr = po / (ps + po) = 50/150
+    assert scores == pytest.approx({"n": 150, "em": 100 * 100 / 150, "ps": 100 * 100 / 150, "po": 100 * 50 / 150,
+                                    "mr": 100 * 50 / 150})
+    # the official script last printed after item 100: em = ps = po = 50, mr = 50 / (50 + 50) = 50
+    last = {"items": 100, "scores": {"em": 50.0, "ps": 50.0, "po": 50.0, "mr": 50.0}}
+    report = json.loads((tmp_path / "run" / "eval" / "big.predictions-confiqa.json").read_text())
+    assert report["official_last_printed"] == last
+    assert suites.official_last_printed("confiqa", *_items_and_answers(eval_file, predictions)) == last
+    table = " ".join(capsys.readouterr().out.split())
+    assert "150 66.67 66.67 33.33 33.33" in table and "100 50.00 50.00 50.00 50.00" in table
+    assert "first 100 of 150 items" in table
+
+
+def _items_and_answers(eval_file: Path, predictions: Path) -> tuple[list[suites.Item], list[str]]:
+    items = suites.read_suite("confiqa", eval_file)
+    return items, [f["pred"] for f in evaluate.read_predictions(predictions, items)]
+
+
+def test_the_official_last_print_is_left_out_where_there_is_none_to_compare(tmp_path):
+    eval_file, predictions = _confiqa_file(tmp_path, 200)
+    items, answers = _items_and_answers(eval_file, predictions)
+    # a multiple of 100: the official script's last figure is over every item, so it is ours
+    last = suites.official_last_printed("confiqa", items, answers)
+    assert last == {"items": 200, "scores": {k: v for k, v in suites.score("confiqa", items, answers).items()
+                                             if k != "n"}}
+    assert suites.official_last_printed("confiqa", items[:100], answers[:100]) is None  # 100 items or fewer
+    assert suites.official_last_printed("confiqa", items[:101], answers[:101])["items"] == 100
+    # only the ConFiQA, FiQA and FaithEval scripts print every 100 items
+    cnq = [suites.Item(i, i, "q", "p", ("Lyon",)) for i in range(150)]
+    assert suites.official_last_printed("cnq", cnq, ["Lyon"] * 150) is None
+    assert suites.official_last_printed("followrag", cnq, ["Lyon"] * 150) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The runner: `--eval --suite NAME --eval-file F --predictions P`
 # ---------------------------------------------------------------------------------------------------------------
 
