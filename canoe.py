@@ -23,10 +23,12 @@ Deliberate differences from the original CANOE code (a modified TRL GRPOTrainer)
 - vLLM shares each GPU with the trainer and is created after it, with a share from memory_plan.py (the original
   gave vLLM a GPU of its own); on CUDA it sleeps at level 2 from the end of sampling until the push;
 - optional, all off by default: μ updates per rollout, truncated importance sampling against vLLM's
-  log-probabilities, and the Dr. GRPO / DAPO / GSPO loss options of grpo_loss.py.
+  log-probabilities, the Dr. GRPO / DAPO / GSPO loss options of grpo_loss.py, and LoRA (`lora_rank > 0`,
+  lora.py: adapters trained, π_ref = the base with the adapters disabled, vLLM gets the merged weights).
 Stage-2 completions are scored only, never trained on (docs/DESIGN.md, "Rollout").
 
-Timing, metrics and logging live in metrics.py; this file holds what a step does.
+Timing, metrics and logging live in metrics.py, the set-up checks in preflight.py, the DeepSpeed config and the
+learning-rate schedule in optimizer.py; this file holds what a step does.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 import deepspeed
-import psutil
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -54,11 +55,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import checkpoint
 import data
 import evaluate
+import lora
 import memory_plan
 import packing
+import preflight
 import rollout
 import suites
 from config import Config, ConfigError, describe_config, load_config
+from optimizer import deepspeed_config, lr_lambda
 from grader import MathGrader
 from grpo_loss import decoupled_advantages, group_advantages, grpo_loss, trained_sequences, zero_variance_groups
 from metrics import RunLog, Step, step_metrics, timed, truncate_log, write_run_info
@@ -71,51 +75,6 @@ from runtime import init_distributed, print0, resolve_dtype
 # ==============================================================================================================
 
 
-def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dict:
-    """The DeepSpeed config, built from ours (no separate JSON to keep in step)."""
-    micro = cfg.sequences_per_micro_batch
-    ds = {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
-        "train_batch_size": micro * cfg.gradient_accumulation_steps * world_size,
-        "zero_optimization": {"stage": cfg.zero_stage},
-        "bf16": {"enabled": dtype == torch.bfloat16, "check_grad_overflow": True},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-    if not train:  # the frozen reference model: ZeRO-3 partitioned like the policy, no optimizer
-        ds["zero_optimization"] = {"stage": 3 if cfg.zero_stage == 3 else 0}
-        return ds
-    ds["gradient_clipping"] = cfg.max_grad_norm
-    params = {"lr": cfg.learning_rate, "betas": list(cfg.adam_betas), "eps": 1e-8, "weight_decay": cfg.weight_decay}
-    if not torch.cuda.is_available() and not cfg.offload_optimizer:
-        # DeepSpeed's fused Adam is a CUDA kernel; on the CPU, torch's AdamW with its fused CPU kernel: one pass
-        # over the flat ZeRO partition instead of a dozen (SmolLM2: 0.41 s -> 0.07 s per update, measured here).
-        params |= {"torch_adam": True, "fused": True}
-    ds["optimizer"] = {"type": "AdamW", "params": params}
-    if cfg.offload_optimizer:
-        ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-    return ds
-
-
-def lr_lambda(cfg: Config, total_steps: int):
-    """Linear warm-up over warmup_ratio of the optimizer steps, then cosine to 0 (or constant).
-
-    `total_steps` counts optimizer steps: training steps × num_iterations (each rollout is trained μ times).
-    """
-    warmup = int(cfg.warmup_ratio * total_steps)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        if cfg.lr_scheduler == "constant":
-            return 1.0
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
-
-
 @dataclass
 class Run:
     """Everything the loop needs, built once by `setup`."""
@@ -125,8 +84,8 @@ class Run:
     world_size: int
     device: Any
     tokenizer: Any
-    engine: Any  # DeepSpeed engine around the policy
-    reference: Any  # frozen reference model (or its DeepSpeed engine under ZeRO-3), None when β = 0
+    engine: Any  # DeepSpeed engine around the policy (with LoRA: a PEFT model, adapters trained, base frozen)
+    reference: Any  # frozen reference model (or its DeepSpeed engine under ZeRO-3); None when β = 0 or with LoRA
     llm: Any  # this rank's vLLM engine
     rows: list[dict]
     sampler: Any
@@ -147,60 +106,8 @@ class Run:
         return torch.tensor(list(self.cfg.rewards.values()), dtype=torch.float32)
 
 
-def check_paths(cfg: Config, *, train: bool) -> None:
-    model = Path(cfg.model)
-    if not (model / "config.json").exists():
-        hint = " (run `make setup`, which makes models/)" if "models/" in cfg.model else ""
-        raise SystemExit(f"error: model path {cfg.model!r} is not a Hugging Face model folder{hint}")
-    data = Path(cfg.train_file if train else cfg.eval_file)
-    if not data.exists():
-        hint = " (run `make data` or `python synth.py --out data/synth`)" if "synth" in str(data) else ""
-        raise SystemExit(f"error: data file {str(data)!r} does not exist{hint}")
-
-
-def check_fits(cfg: Config, num_parameters: int, dtype) -> None:
-    """Fail early, with numbers, when the policy cannot be trained in this machine's memory.
-
-    On a GPU: the memory plan of memory_plan.py (policy, gradients, optimizer state, reference model, activations
-    and vLLM's share, per GPU); its table says what does not fit. On the CPU, roughly: weights and gradients in the
-    training dtype, fp32 master weights and two Adam moments (12 bytes/param, sharded over the ranks by ZeRO), the
-    reference model (when β > 0), vLLM's own copy of the weights and its KV cache. Activations come on top.
-    """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if torch.cuda.is_available():
-        plan = memory_plan.plan_memory(cfg, memory_plan.architecture(cfg.model), world_size=world,
-                                       total_bytes=torch.cuda.get_device_properties(0).total_memory,
-                                       sleep=cfg.vllm_sleep and rollout.sleep_supported())
-        if plan.problems():
-            raise SystemExit(f"error: this config does not fit on these GPUs (memory_plan.py):\n{plan.table()}")
-        return
-    width = torch.finfo(dtype).bits // 8
-    need = num_parameters * width * (2 + (1 if cfg.beta else 0) + 1) + 12 * num_parameters / world
-    need += cfg.vllm_cpu_kv_cache_gib * 2**30
-    have = psutil.virtual_memory().available / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if need > have:
-        raise SystemExit(
-            f"error: the policy ({num_parameters / 1e9:.2f} B parameters) needs about {need / 2**30:.1f} GiB of host "
-            f"memory per rank before activations, but {have / 2**30:.1f} GiB are available; use zero_stage = 3, "
-            f"offload_optimizer = true, more GPUs or a smaller model")
-
-
-def check_engine_can_start(cfg: Config) -> None:
-    """vLLM 0.32 refuses to start unless the GPU's free memory is at least total × gpu_memory_utilization
-    (`request_memory`, vllm/v1/worker/utils.py lines 761-770). The engine is created after the trainer has
-    allocated (a deviation from the original, which gave vLLM a GPU of its own; docs/DESIGN.md, 15), so say in
-    our words, before vLLM does, what the trainer left and where the share comes from."""
-    torch.cuda.empty_cache()  # blocks the trainer freed while loading count as used until released
-    free, total = torch.cuda.mem_get_info()
-    if free < cfg.vllm_gpu_memory_utilization * total:
-        raise SystemExit(
-            f"error: vLLM needs vllm_gpu_memory_utilization × {total / 2**30:.1f} GiB = "
-            f"{cfg.vllm_gpu_memory_utilization * total / 2**30:.1f} GiB free to start, but the trainer left "
-            f"{free / 2**30:.1f} GiB; `python canoe.py --config ... --plan-memory` shows the share that fits")
-
-
 def setup(cfg: Config, *, resume: bool) -> Run:
-    check_paths(cfg, train=True)
+    preflight.check_paths(cfg, train=True)
     rank, world_size = init_distributed()
     torch.manual_seed(cfg.seed + rank)
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else torch.device("cpu")
@@ -217,7 +124,7 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     with warnings.catch_warnings(record=True):  # the report below lists the dropped prompts
         warnings.simplefilter("always", data.PromptOverflowWarning)
         loaded = data.load_dataset(cfg.train_file)
-        check_reward_fields(loaded, cfg.train_file)
+        preflight.check_reward_fields(loaded, cfg.train_file)
         rows, report = data.prepare_prompts(tokenizer, loaded, cfg.max_prompt_tokens, cfg.on_long_prompt,
                                             **cfg.prompt_style())
     print0(f"data: {cfg.train_file}: {report.summary()}")
@@ -228,19 +135,22 @@ def setup(cfg: Config, *, resume: bool) -> Run:
                           f"{world_size}: {error}") from None
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.num_epochs * sampler.steps_per_epoch))
 
-    # Policy under DeepSpeed, reference model frozen beside it.
+    # Policy under DeepSpeed (with LoRA: adapters on the frozen base, lora.py), reference model frozen beside it
+    # (with LoRA: none, the policy with its adapters disabled is π_ref).
     policy = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
-    check_fits(cfg, sum(p.numel() for p in policy.parameters()), dtype)
     if cfg.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     policy.config.use_cache = False
+    if cfg.lora_rank:
+        policy = lora.wrap(policy, **cfg.lora_settings())
+    preflight.check_fits(cfg, sum(p.numel() for p in policy.parameters()), dtype, lora.trainable_parameters(policy))
     engine, _, _, _ = deepspeed.initialize(
         model=policy, model_parameters=[p for p in policy.parameters() if p.requires_grad],
         config=deepspeed_config(cfg, world_size, dtype, train=True),
         lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_steps * cfg.num_iterations)),
     )
     reference = None
-    if cfg.beta > 0:
+    if cfg.beta > 0 and not cfg.lora_rank:
         reference = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).eval().requires_grad_(False)
         if cfg.zero_stage == 3:
             reference, *_ = deepspeed.initialize(model=reference,
@@ -254,7 +164,7 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.vllm_cpu_kv_cache_gib))))
     sleep = cfg.vllm_sleep and device.type == "cuda" and rollout.sleep_supported()
     if device.type == "cuda":
-        check_engine_can_start(cfg)
+        preflight.check_engine_can_start(cfg)
     llm = rollout.make_engine(cfg.model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens,
                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=sleep)
@@ -296,7 +206,7 @@ def restore(run: Run) -> None:
         for name in ("metrics.jsonl", "samples.jsonl"):
             truncate_log(run.out / name, run.step)
     # vLLM started from the original weights: give it the restored ones.
-    rollout.push_weights(run.llm, rollout.iter_full_parameters(run.engine.module, run.cfg.zero_stage))
+    rollout.push_weights(run.llm, lora.policy_weights(run.engine.module, run.cfg.zero_stage))
     print0(f"resumed from {path} at step {run.step}")
 
 
@@ -394,19 +304,6 @@ def sample_stage2(run: Run, rows: list[dict], completions: list[rollout.Completi
     return dataclasses.replace(stage2, completions=[with_prefix(cfg, c) for c in stage2.completions])
 
 
-# The keyword arguments `score` passes to every reward besides the dataset fields: a field of the same name would
-# collide with them (checked when the data is loaded, `check_reward_fields`).
-REWARD_KEYWORDS = ("completions", "completions_long_answer", "grader", "log_dir")
-
-
-def check_reward_fields(rows: list[dict], path: str) -> None:
-    """Refuse a dataset field whose name is one of the rewards' own keyword arguments (REWARD_KEYWORDS)."""
-    clashes = sorted({key for row in rows for key in row if key in REWARD_KEYWORDS})
-    if clashes:
-        raise data.DataError(f"{path}: field {clashes[0]!r} has the name of a keyword the rewards receive from the "
-                             f"trainer ({', '.join(REWARD_KEYWORDS)}); rename it in the data")
-
-
 def reward_columns(rows: list[dict], G: int) -> dict[str, list]:
     """Every dataset field as a column with one value per completion (N = B·G), None where a row lacks it.
 
@@ -485,9 +382,14 @@ def micro_batches(run: Run, rows: list[dict], completions, advantages: torch.Ten
 @timed("ref_logprobs")
 @torch.no_grad()
 def reference_logprobs(run: Run, batches: list[Batch]) -> None:
-    if run.reference is not None:
+    """π_ref of every sampled token: the frozen reference model, or with LoRA the policy, adapters disabled."""
+    if run.cfg.beta == 0:
+        return
+    reference = run.engine if run.reference is None else run.reference
+    reference.eval()
+    with lora.adapters_disabled(reference.module if run.reference is None else reference):
         for batch in batches:
-            batch.ref = packing.completion_logprobs(run.reference, batch.packed)
+            batch.ref = packing.completion_logprobs(reference, batch.packed)
 
 
 @timed("old_logprobs")
@@ -566,7 +468,8 @@ def push_and_verify(run: Run) -> tuple[float, float]:
     wake-up), then the KV cache, which the probe needs. The engine leaves awake, ready for the next rollout.
     """
     rollout.wake_weights(run.llm, run.sleep)
-    push_seconds = rollout.push_weights(run.llm, rollout.iter_full_parameters(run.engine.module, run.cfg.zero_stage))
+    # With LoRA vLLM gets the merged weights W + s·B·A; the trainer's modules stay unmerged (lora.py).
+    push_seconds = rollout.push_weights(run.llm, lora.policy_weights(run.engine.module, run.cfg.zero_stage))
     rollout.wake_kv_cache(run.llm, run.sleep)
     prompt, completion = run.probe
     run.engine.eval()

@@ -4,7 +4,11 @@ Layout of `OUTPUT_DIR/checkpoints/`:
 
     step-000004/
         policy/              config.json, model.safetensors, tokenizer files: loads as it is in transformers and vLLM
-        deepspeed/state/     DeepSpeed's own files (weights, optimizer and LR scheduler state, per rank)
+                             (with LoRA: the merged weights W + s·B·A)
+        adapter/             with LoRA only: the adapter in PEFT's format (adapter_config.json,
+                             adapter_model.safetensors), for `PeftModel.from_pretrained(base, path)`
+        deepspeed/state/     DeepSpeed's own files (weights, optimizer and LR scheduler state, per rank); with
+                             LoRA the frozen base weights are left out (they are the config's `model`)
         trainer_state.json   step, data sampler state, counters
         rng/rank-K.pt        Python, NumPy-free torch CPU (and CUDA) RNG states of rank K
     latest                   the name of the newest complete checkpoint
@@ -26,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rollout import iter_full_parameters
+import lora
 
 
 def _barrier() -> None:
@@ -46,13 +50,21 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 
 def save_policy(engine, tokenizer, zero_stage: int, target: Path, rank: int) -> None:
-    """Write the policy as a Hugging Face model folder (rank 0 writes; every rank takes part in ZeRO-3 gathers)."""
+    """Write the policy as a Hugging Face model folder (rank 0 writes; every rank takes part in ZeRO-3 gathers).
+
+    With LoRA the folder holds the merged weights (lora.policy_weights), saved through the base model, so that
+    it loads like any model, and the adapter goes beside it in PEFT's format (`adapter/`).
+    """
     state = {}
-    for name, tensor in iter_full_parameters(engine.module, zero_stage):
+    for name, tensor in lora.policy_weights(engine.module, zero_stage):
         if rank == 0:
             state[name] = tensor.detach().to("cpu", copy=True)
+    model = engine.module
+    if lora.is_lora(model):
+        lora.save_adapter(model, target.parent / "adapter", zero_stage=zero_stage, rank=rank)
+        model = model.get_base_model()
     if rank == 0:
-        engine.module.save_pretrained(target, state_dict=state)
+        model.save_pretrained(target, state_dict=state)
         tokenizer.save_pretrained(target)
 
 
@@ -67,7 +79,7 @@ def save_checkpoint(output_dir: str | Path, step: int, *, engine, tokenizer, zer
         staging.mkdir(parents=True)
     _barrier()
     save_policy(engine, tokenizer, zero_stage, staging / "policy", rank)
-    engine.save_checkpoint(str(staging / "deepspeed"), tag="state")
+    engine.save_checkpoint(str(staging / "deepspeed"), tag="state", exclude_frozen_parameters=lora.is_lora(engine.module))
     (staging / "rng").mkdir(exist_ok=True)
     torch.save(rng_state(), staging / "rng" / f"rank-{rank}.pt")
     if rank == 0:
@@ -96,8 +108,9 @@ def publish(staging: Path, final: Path, keep: int) -> None:
 
 def load_checkpoint(path: Path, *, engine, rank: int) -> dict:
     """Restore DeepSpeed state and this rank's RNG from `path`; returns the trainer state."""
+    # With LoRA the checkpoint holds no frozen base weight: the ones loaded from the config's model stay.
     loaded, _ = engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_optimizer_states=True,
-                                       load_lr_scheduler_states=True)
+                                       load_lr_scheduler_states=True, load_module_strict=not lora.is_lora(engine.module))
     if loaded is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path / 'deepspeed'}")
     rng_file = path / "rng" / f"rank-{rank}.pt"

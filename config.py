@@ -37,6 +37,9 @@ from grpo_loss import ADVANTAGE_STDS, AGGREGATIONS, RATIO_LEVELS, REWARD_AGGREGA
 from rewards import REWARD_FUNCS
 
 CANOE_REWARDS = {"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0}
+# Every linear layer of a Llama/Qwen2 decoder block: attention and MLP ("LoRA Without Regret": adapters on the MLP
+# matter most; lora.py).
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def _key(default: Any, help: str) -> Any:
@@ -88,6 +91,12 @@ class Config:
     adam_betas: list = _key([0.9, 0.999], "AdamW betas")
     max_grad_norm: float = _key(1.0, "gradient clipping (global norm)")
     zero_stage: int = _key(2, "DeepSpeed ZeRO stage: 2 or 3")
+    # --- LoRA (lora.py): adapters from PEFT; the reference policy is the base with the adapters disabled
+    lora_rank: int = _key(0, "r, rank of the LoRA adapters; 0 = full fine-tuning (every weight is trained)")
+    lora_alpha: float = _key(32.0, "α: an adapter adds (α / r)·B·A to its layer's weight")
+    lora_dropout: float = _key(0.0, "dropout on the adapters' input while training (0 keeps the trainer's "
+                               "log-probabilities equal to the sampler's)")
+    lora_target_modules: list = _key(LORA_TARGETS, "modules (by name) that get adapters: the attention and MLP projections")
     offload_optimizer: bool = _key(False, "keep optimizer state in CPU memory (DeepSpeed CPU Adam)")
     # --- loss (grpo_loss.py; every default is the original CANOE run's)
     beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
@@ -122,6 +131,11 @@ class Config:
     @property
     def sequences_per_micro_batch(self) -> int:
         return self.prompts_per_device * self.num_generations
+
+    def lora_settings(self) -> dict[str, Any]:
+        """lora.wrap's keywords."""
+        return {"rank": self.lora_rank, "alpha": self.lora_alpha, "dropout": self.lora_dropout,
+                "target_modules": list(self.lora_target_modules), "gradient_checkpointing": self.gradient_checkpointing}
 
     def prompt_style(self) -> dict[str, str]:
         """How every prompt is rendered (data.render_prompt's keywords), in training and evaluation alike."""
@@ -228,6 +242,14 @@ def _validate(path: Path, cfg: Config) -> None:
     not_numbers = [name for name, w in cfg.rewards.items() if isinstance(w, bool) or not isinstance(w, (int, float))]
     if not_numbers:
         raise bad("rewards", f"the weight of {not_numbers} must be a number")
+    if cfg.lora_rank < 0:
+        raise bad("lora_rank", "must not be negative (0 = full fine-tuning)")
+    if not cfg.lora_alpha > 0:
+        raise bad("lora_alpha", "must be positive")
+    if not 0 <= cfg.lora_dropout < 1:
+        raise bad("lora_dropout", "must lie in [0, 1)")
+    if not cfg.lora_target_modules or not all(isinstance(m, str) and m for m in cfg.lora_target_modules):
+        raise bad("lora_target_modules", "must be a non-empty list of module names, e.g. [\"q_proj\", \"v_proj\"]")
     if len(cfg.adam_betas) != 2:
         raise bad("adam_betas", "need two numbers")
 

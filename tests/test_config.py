@@ -13,6 +13,8 @@ import pytest
 import torch
 
 import canoe
+import optimizer
+import preflight
 from config import Config, ConfigError, describe_config, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,23 +169,23 @@ def test_unknown_key_from_the_command_line(tmp_path):
 
 def test_deepspeed_batch_arithmetic():
     cfg = Config(prompts_per_device=2, gradient_accumulation_steps=8, num_generations=7)
-    ds = canoe.deepspeed_config(cfg, world_size=4, dtype=torch.float32, train=True)
+    ds = optimizer.deepspeed_config(cfg, world_size=4, dtype=torch.float32, train=True)
     assert ds["train_micro_batch_size_per_gpu"] == 14
     assert ds["train_batch_size"] == 14 * 8 * 4
     assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 1.0
     assert ds["optimizer"]["params"].get("fused") is (not torch.cuda.is_available())  # torch's fused CPU AdamW
-    reference = canoe.deepspeed_config(Config(zero_stage=3), world_size=1, dtype=torch.float32, train=False)
+    reference = optimizer.deepspeed_config(Config(zero_stage=3), world_size=1, dtype=torch.float32, train=False)
     assert "optimizer" not in reference and reference["zero_optimization"]["stage"] == 3
 
 
 def test_learning_rate_schedule():
     cfg = Config(warmup_ratio=0.1, lr_scheduler="cosine")
-    factor = canoe.lr_lambda(cfg, total_steps=100)  # 10 warm-up steps
+    factor = optimizer.lr_lambda(cfg, total_steps=100)  # 10 warm-up steps
     assert factor(0) == pytest.approx(1 / 11)
     assert factor(10) == pytest.approx(1.0)
     assert factor(55) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
     assert factor(100) == pytest.approx(0.0, abs=1e-12)
-    assert canoe.lr_lambda(Config(warmup_ratio=0.0, lr_scheduler="constant"), 10)(7) == 1.0
+    assert optimizer.lr_lambda(Config(warmup_ratio=0.0, lr_scheduler="constant"), 10)(7) == 1.0
 
 
 @pytest.mark.skipif(not (ROOT / "models" / "smoke-llama").exists(), reason="needs `make setup`")
@@ -199,8 +201,8 @@ def test_batch_larger_than_the_data_is_a_clear_error(tmp_path):
 
 def test_check_fits_refuses_a_model_too_large_for_the_host():
     with pytest.raises(SystemExit, match=r"needs about .* GiB of host memory per rank"):
-        canoe.check_fits(Config(), num_parameters=10**12, dtype=torch.float32)
-    canoe.check_fits(Config(), num_parameters=10**6, dtype=torch.float32)  # a small one passes
+        preflight.check_fits(Config(), num_parameters=10**12, dtype=torch.float32)
+    preflight.check_fits(Config(), num_parameters=10**6, dtype=torch.float32)  # a small one passes
 
 
 def fake_run(cfg: Config, tmp_path: Path):
@@ -252,9 +254,9 @@ def test_score_logs_the_share_of_groups_where_each_reward_varies(tmp_path, monke
     assert means["reward/a"] == pytest.approx(4 / 6)
 
 
-@pytest.mark.parametrize("field", canoe.REWARD_KEYWORDS)
+@pytest.mark.parametrize("field", preflight.REWARD_KEYWORDS)
 def test_a_data_field_named_like_a_reward_keyword_is_refused(field):
     rows = [{"problem": "p", "solution": "s"}, {"problem": "p", "solution": "s", field: 1}]
     with pytest.raises(canoe.data.DataError, match=f"train.jsonl: field '{field}' has the name of a keyword"):
-        canoe.check_reward_fields(rows, "train.jsonl")
-    canoe.check_reward_fields(rows[:1], "train.jsonl")  # no clash: nothing raised
+        preflight.check_reward_fields(rows, "train.jsonl")
+    preflight.check_reward_fields(rows[:1], "train.jsonl")  # no clash: nothing raised

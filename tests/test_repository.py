@@ -52,3 +52,12 @@ def test_no_import_cycle_between_top_level_modules():
     for name in graph:
         cycle = cycle_from(name, [name])
         assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_driver_stays_a_driver():
+    """canoe.py reads top to bottom: at most 600 lines, and the training step at most 80 (set-up checks live in
+    preflight.py, the optimizer settings in optimizer.py, the LoRA wiring in lora.py)."""
+    source = (ROOT / "canoe.py").read_text()
+    assert len(source.splitlines()) <= 600
+    (step,) = [node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name == "train_step"]
+    assert step.end_lineno - step.lineno + 1 <= 80

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import canoe
+import optimizer
 import data
 import rollout
 from config import Config
@@ -154,13 +155,16 @@ def process_group():
     yield
 
 
-def make_run(tmp_path, sleep: bool) -> tuple[canoe.Run, SleepModeEngine]:
+def make_run(tmp_path, sleep: bool, policy: torch.nn.Module | None = None,
+             beta: float = 0.0) -> tuple[canoe.Run, SleepModeEngine]:
+    """A Run around a real DeepSpeed engine (`policy`, default the tiny model; test_lora.py passes a PEFT model
+    with β > 0, whose reference is the policy with its adapters disabled) and a stand-in engine."""
     cfg = Config(num_generations=2, prompts_per_device=2, gradient_accumulation_steps=1, max_prompt_tokens=16,
-                 max_completion_tokens=3, beta=0.0, learning_rate=0.05, lr_scheduler="constant", warmup_ratio=0.0,
+                 max_completion_tokens=3, beta=beta, learning_rate=0.05, lr_scheduler="constant", warmup_ratio=0.0,
                  dual=False, sync_tolerance=1e-4, dtype="float32", output_dir=str(tmp_path))
-    policy = tiny_model()
-    engine, *_ = deepspeed.initialize(model=policy, model_parameters=list(policy.parameters()),
-                                      config=canoe.deepspeed_config(cfg, 1, torch.float32, train=True))
+    policy = tiny_model() if policy is None else policy
+    engine, *_ = deepspeed.initialize(model=policy, model_parameters=[p for p in policy.parameters() if p.requires_grad],
+                                      config=optimizer.deepspeed_config(cfg, 1, torch.float32, train=True))
     llm = SleepModeEngine(tiny_model())  # the same initial weights, as a freshly started engine has
     rows = [{"prompt_ids": [1, 5 + i, 9, 13 + i], "problem": "<context>c</context>\n\nq", "solution": "a"}
             for i in range(4)]
@@ -261,7 +265,7 @@ def test_flash_attention_is_refused_through_the_deepspeed_engine(process_group):
     model = tiny_model()
     model.config._attn_implementation = "flash_attention_2"
     engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
-                                      config=canoe.deepspeed_config(Config(), 1, torch.float32, train=True))
+                                      config=optimizer.deepspeed_config(Config(), 1, torch.float32, train=True))
     assert isinstance(engine.config, dict)  # DeepSpeed's, not the model's
     with pytest.raises(ValueError, match="4D attention mask"):
         packing.attention_mask(engine, packing.pack([([1, 2], [[3]])]).allowed)

@@ -117,9 +117,9 @@ def test_one_rank_zero2(tmp_path, smoke_data):
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_two_ranks(tmp_path, smoke_data, stage):
-    config = write_config(tmp_path, smoke_data, max_steps=2, zero_stage=stage)
+@pytest.mark.parametrize("stage, lora_rank", [(2, 0), (3, 0), (3, 8)], ids=["zero2", "zero3", "zero3-lora"])
+def test_two_ranks(tmp_path, smoke_data, stage, lora_rank):
+    config = write_config(tmp_path, smoke_data, max_steps=2, zero_stage=stage, lora_rank=lora_rank)
     launch(config, 2)
     check_run(tmp_path / "run", 2, tolerance=1e-3)
     # the two ranks drew different prompts: 2 ranks × 2 prompts per step
@@ -127,12 +127,13 @@ def test_two_ranks(tmp_path, smoke_data, stage):
     assert len(set(problems)) == 2  # rank 0 writes its own samples only
 
 
-def test_resume_reproduces_uninterrupted_run(tmp_path, smoke_data):
+@pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora"])
+def test_resume_reproduces_uninterrupted_run(tmp_path, smoke_data, lora_rank):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    straight = write_config(tmp_path / "a", smoke_data, max_steps=4, save_every=2)
+    straight = write_config(tmp_path / "a", smoke_data, max_steps=4, save_every=2, lora_rank=lora_rank)
     launch(straight, 1)
-    first = write_config(tmp_path / "b", smoke_data, max_steps=4, save_every=2)
+    first = write_config(tmp_path / "b", smoke_data, max_steps=4, save_every=2, lora_rank=lora_rank)
     stopped = launch(first, 1, fault="after_step_2", expect_ok=False)
     assert stopped.returncode != 0
     assert (tmp_path / "b" / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
@@ -143,6 +144,33 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, smoke_data):
     wa, wb = policy_weights(tmp_path / "a" / "run"), policy_weights(tmp_path / "b" / "run")
     for key in wa:  # same data, same samples, same optimizer state: equal to float32 round-off
         torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=1e-6)
+    if lora_rank:  # the adapters themselves, as PEFT saved them
+        aa, ab = (load_file(run / "checkpoints" / "step-000004" / "adapter" / "adapter_model.safetensors")
+                  for run in (tmp_path / "a" / "run", tmp_path / "b" / "run"))
+        assert aa.keys() == ab.keys() and aa
+        for key in aa:
+            torch.testing.assert_close(ab[key], aa[key], rtol=0, atol=1e-6)
+
+
+def test_lora_one_rank_zero2(tmp_path, smoke_data):
+    """LoRA under the launcher: the run is checked as full fine-tuning's; the checkpoint's adapter loads with PEFT
+    and gives the merged policy folder's outputs; the base weights in DeepSpeed's state are left out (frozen)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    config = write_config(tmp_path, smoke_data, max_steps=3, lora_rank=8, lora_alpha=16.0)
+    launch(config, 1)
+    check_run(tmp_path / "run", 3, tolerance=1e-3)
+    final = tmp_path / "run" / "checkpoints" / "step-000003"
+    settings = json.loads((final / "adapter" / "adapter_config.json").read_text())
+    assert settings["r"] == 8 and settings["lora_alpha"] == 16.0 and settings["peft_type"] == "LORA"
+    ids = torch.tensor([[1, 50, 300, 7, 2000, 12]])
+    with torch.no_grad():
+        adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(SMOKE_MODEL), final / "adapter")
+        merged = AutoModelForCausalLM.from_pretrained(final / "policy")
+        torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, rtol=0, atol=1e-4)
+    state = torch.load(final / "deepspeed" / "state" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    assert all("lora_" in key for key in state if "layers" in key)  # no frozen decoder weight is stored again
 
 
 def test_crash_mid_checkpoint_leaves_previous_checkpoint_usable(tmp_path, smoke_data):

@@ -1,0 +1,57 @@
+"""How the policy is optimised: the DeepSpeed config (ZeRO stage, AdamW, clipping, precision), built from ours so
+that there is no separate JSON to keep in step, and the learning-rate schedule (linear warm-up, then cosine or
+constant), the paper's (CANOE, arXiv 2505.16483: lr 1e-6, cosine, 10 % warm-up).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from config import Config
+
+
+def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dict:
+    """The DeepSpeed config, built from ours (no separate JSON to keep in step)."""
+    micro = cfg.sequences_per_micro_batch
+    ds = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "train_batch_size": micro * cfg.gradient_accumulation_steps * world_size,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "bf16": {"enabled": dtype == torch.bfloat16, "check_grad_overflow": True},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if not train:  # the frozen reference model: ZeRO-3 partitioned like the policy, no optimizer
+        ds["zero_optimization"] = {"stage": 3 if cfg.zero_stage == 3 else 0}
+        return ds
+    ds["gradient_clipping"] = cfg.max_grad_norm
+    params = {"lr": cfg.learning_rate, "betas": list(cfg.adam_betas), "eps": 1e-8, "weight_decay": cfg.weight_decay}
+    if not torch.cuda.is_available() and not cfg.offload_optimizer:
+        # DeepSpeed's fused Adam is a CUDA kernel; on the CPU, torch's AdamW with its fused CPU kernel: one pass
+        # over the flat ZeRO partition instead of a dozen (SmolLM2: 0.41 s -> 0.07 s per update, measured here).
+        params |= {"torch_adam": True, "fused": True}
+    ds["optimizer"] = {"type": "AdamW", "params": params}
+    if cfg.offload_optimizer:
+        ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    return ds
+
+
+def lr_lambda(cfg: Config, total_steps: int):
+    """Linear warm-up over warmup_ratio of the optimizer steps, then cosine to 0 (or constant).
+
+    `total_steps` counts optimizer steps: training steps × num_iterations (each rollout is trained μ times).
+    """
+    warmup = int(cfg.warmup_ratio * total_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if cfg.lr_scheduler == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor

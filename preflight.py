@@ -1,0 +1,99 @@
+"""Set-up checks: what canoe.setup verifies before it spends minutes loading models, so that a run that cannot
+work stops at once with a message that says why and what to do.
+
+- `check_paths`: the model folder and the data file exist (with the `make` target that makes them).
+- `check_reward_fields`: no dataset field is named like a keyword the rewards receive from the trainer.
+- `check_fits`: the policy, its gradients and optimizer state, the reference model and vLLM fit in memory (on a
+  GPU: memory_plan.py's plan; on the CPU: a count of the same parts against the host's available memory).
+- `check_engine_can_start`: vLLM's start-up condition on CUDA, said in our words before vLLM says it in its own.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+import torch
+
+import data
+import memory_plan
+import rollout
+from config import Config
+
+
+def check_paths(cfg: Config, *, train: bool) -> None:
+    model = Path(cfg.model)
+    if not (model / "config.json").exists():
+        hint = " (run `make setup`, which makes models/)" if "models/" in cfg.model else ""
+        raise SystemExit(f"error: model path {cfg.model!r} is not a Hugging Face model folder{hint}")
+    path = Path(cfg.train_file if train else cfg.eval_file)
+    if not path.exists():
+        hint = " (run `make data` or `python synth.py --out data/synth`)" if "synth" in str(path) else ""
+        raise SystemExit(f"error: data file {str(path)!r} does not exist{hint}")
+
+
+# The keyword arguments canoe.score passes to every reward besides the dataset fields: a field of the same name
+# would collide with them.
+REWARD_KEYWORDS = ("completions", "completions_long_answer", "grader", "log_dir")
+
+
+def check_reward_fields(rows: list[dict], path: str) -> None:
+    """Refuse a dataset field whose name is one of the rewards' own keyword arguments (REWARD_KEYWORDS)."""
+    clashes = sorted({key for row in rows for key in row if key in REWARD_KEYWORDS})
+    if clashes:
+        raise data.DataError(f"{path}: field {clashes[0]!r} has the name of a keyword the rewards receive from the "
+                             f"trainer ({', '.join(REWARD_KEYWORDS)}); rename it in the data")
+
+
+def host_bytes_needed(cfg: Config, num_parameters: int, trainable: int, dtype, world_size: int) -> float:
+    """Host memory one rank needs before activations, on the CPU.
+
+    Weights in the training dtype; a gradient per trainable parameter; float32 master weights and two Adam
+    moments per trainable parameter (12 bytes, sharded over the ranks by ZeRO); a reference copy of the weights
+    when β > 0 and the policy is not LoRA (with LoRA the reference is the policy with its adapters disabled);
+    vLLM's own copy of the weights and its KV cache. With LoRA, `trainable` is the adapters' size.
+    """
+    width = torch.finfo(dtype).bits // 8
+    copies = 2 + (1 if cfg.beta and not cfg.lora_rank else 0)  # policy, vLLM, reference
+    return (num_parameters * width * copies + trainable * width + 12 * trainable / world_size
+            + cfg.vllm_cpu_kv_cache_gib * 2**30)
+
+
+def check_fits(cfg: Config, num_parameters: int, dtype, trainable: int | None = None) -> None:
+    """Fail early, with numbers, when the policy cannot be trained in this machine's memory.
+
+    On a GPU: the memory plan of memory_plan.py (policy, gradients, optimizer state, reference model, activations
+    and vLLM's share, per GPU); its table says what does not fit. On the CPU: `host_bytes_needed` against the
+    available host memory shared by the ranks of this node. Activations come on top.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if torch.cuda.is_available():
+        plan = memory_plan.plan_memory(cfg, memory_plan.architecture(cfg.model), world_size=world,
+                                       total_bytes=torch.cuda.get_device_properties(0).total_memory,
+                                       sleep=cfg.vllm_sleep and rollout.sleep_supported())
+        if plan.problems():
+            raise SystemExit(f"error: this config does not fit on these GPUs (memory_plan.py):\n{plan.table()}")
+        return
+    need = host_bytes_needed(cfg, num_parameters, num_parameters if trainable is None else trainable, dtype, world)
+    have = psutil.virtual_memory().available / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if need > have:
+        lora = "" if cfg.lora_rank else "lora_rank > 0 (LoRA), "
+        raise SystemExit(
+            f"error: the policy ({num_parameters / 1e9:.2f} B parameters) needs about {need / 2**30:.1f} GiB of host "
+            f"memory per rank before activations, but {have / 2**30:.1f} GiB are available; use {lora}zero_stage = 3, "
+            f"offload_optimizer = true, more GPUs or a smaller model")
+
+
+def check_engine_can_start(cfg: Config) -> None:
+    """vLLM 0.32 refuses to start unless the GPU's free memory is at least total × gpu_memory_utilization
+    (`request_memory`, vllm/v1/worker/utils.py lines 761-770). The engine is created after the trainer has
+    allocated (a deviation from the original, which gave vLLM a GPU of its own; docs/DESIGN.md, 15), so say in
+    our words, before vLLM does, what the trainer left and where the share comes from."""
+    torch.cuda.empty_cache()  # blocks the trainer freed while loading count as used until released
+    free, total = torch.cuda.mem_get_info()
+    if free < cfg.vllm_gpu_memory_utilization * total:
+        raise SystemExit(
+            f"error: vLLM needs vllm_gpu_memory_utilization × {total / 2**30:.1f} GiB = "
+            f"{cfg.vllm_gpu_memory_utilization * total / 2**30:.1f} GiB free to start, but the trainer left "
+            f"{free / 2**30:.1f} GiB; `python canoe.py --config ... --plan-memory` shows the share that fits")
