@@ -57,8 +57,8 @@ def save_policy(engine, tokenizer, zero_stage: int, target: Path, rank: int) -> 
     """
     state = {}
     for name, tensor in lora.policy_weights(engine.module, zero_stage):
-        if rank == 0:
-            state[name] = tensor.detach().to("cpu", copy=True)
+        if rank == 0:  # no copy on the CPU: ZeRO-3's gathered tensors and LoRA's merged ones are copies already,
+            state[name] = tensor.detach().to("cpu")  # and ZeRO-2's parameters do not change while this writes
     model = engine.module
     if lora.is_lora(model):
         lora.save_adapter(model, target.parent / "adapter", zero_stage=zero_stage, rank=rank)

@@ -127,10 +127,12 @@ def policy_weights(model: torch.nn.Module, zero_stage: int) -> Iterator[tuple[st
                 merged = merged_weights(module)
             yield from ((f"{hf_name(name)}.{key}", tensor) for key, tensor in merged.items())
             continue
-        own = list(module.named_parameters(recurse=False))
-        if own:
+        own = [(hf_name(f"{name}.{key}"), p) for key, p in module.named_parameters(recurse=False)]
+        if own and zero_stage < 3:  # full parameters: no copy needed
+            yield from ((key, p.detach()) for key, p in own)
+        elif own:  # copied out before the gathered storage is released (rollout.iter_full_parameters)
             with _gathered([p for _, p in own], zero_stage):
-                copies = [(hf_name(f"{name}.{key}"), p.detach().clone()) for key, p in own]
+                copies = [(key, p.detach().clone()) for key, p in own]
             yield from copies
 
 

@@ -32,6 +32,12 @@ Per GPU, with P parameters, w bytes per value of the training dtype and W ranks 
                                                memory (profile-run peak and CUDA graphs) and the KV cache, which
                                                gets the rest (2 · layers · kv · w bytes per token)
 
+With LoRA (`lora_rank = r > 0`, lora.py) the base weights are frozen: gradients, their float32 copy and Adam's 12
+bytes exist only for the T adapter parameters (r · (in + out) per adapted module, `lora_parameters`), which
+are also counted in the training dtype; the reduce bucket holds at most T gradients; there is no reference
+model (the policy with its adapters disabled is π_ref); vLLM holds the merged weights, the base's size.
+Activations are the same: the backward pass still runs through every layer to reach the adapters below.
+
 With sleep mode (CUDA) vLLM is asleep at level 2 while the trainer trains (rollout.py, "Memory hand-over"), so the
 peak is the larger of resident + activations and resident + share × total; without it both add up.
 
@@ -109,6 +115,26 @@ KNOWN_ARCHITECTURES = {
     "Qwen2.5-14B-Instruct": Architecture(hidden=5120, layers=48, intermediate=13824, vocab=152064, heads=40,
                                          kv_heads=8, head_dim=128, qkv_bias=True),
 }
+
+
+def lora_parameters(arch: Architecture, rank: int, targets: list[str]) -> int:
+    """T: the adapter parameters of LoRA of rank `rank` on the modules named in `targets`, r · (in + out) each.
+
+    >>> lora_parameters(KNOWN_ARCHITECTURES["Llama-3.1-8B-Instruct"], 16, ["q_proj", "v_proj"])
+    6815744
+    """
+    h, q, kv, inter = arch.hidden, arch.heads * arch.head_dim, arch.kv_dim, arch.intermediate
+    per_layer = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
+                 "up_proj": (h, inter), "down_proj": (inter, h)}
+    once = {"lm_head": (h, arch.vocab), "embed_tokens": (arch.vocab, h)}
+    unknown = [t for t in targets if t not in per_layer and t not in once]
+    if unknown:
+        raise ArchitectureError(f"lora_target_modules {unknown}: the plan knows {sorted(per_layer | once)}")
+    total = 0
+    for target in dict.fromkeys(targets):
+        fan_in, fan_out = per_layer.get(target) or once[target]
+        total += rank * (fan_in + fan_out) * (arch.layers if target in per_layer else 1)
+    return total
 
 
 def architecture(model: str) -> Architecture:
@@ -215,18 +241,24 @@ def plan_memory(cfg, arch: Architecture, *, world_size: int, total_bytes: float,
     """The per-GPU plan of `cfg` (a config.Config) on `world_size` GPUs of `total_bytes` each."""
     width = DTYPE_BYTES["bfloat16" if cfg.dtype == "auto" else cfg.dtype]
     P, W, zero3 = arch.num_parameters, world_size, cfg.zero_stage == 3
+    T = lora_parameters(arch, cfg.lora_rank, cfg.lora_target_modules) if cfg.lora_rank else P  # trained parameters
     weights = width * P / W if zero3 else width * P
-    bucket = REDUCE_BUCKET * width * (2 if zero3 else 1)  # overlap_comm is on by default only for ZeRO-3
-    gradients = bucket if cfg.offload_optimizer else (width + FP32_GRAD_BYTES) * P / W + bucket
+    bucket = min(REDUCE_BUCKET, T) * width * (2 if zero3 else 1)  # overlap_comm is on by default only for ZeRO-3
+    gradients = bucket if cfg.offload_optimizer else (width + FP32_GRAD_BYTES) * T / W + bucket
     parts: dict[str, tuple[float, str]] = {
-        f"policy weights (ZeRO-{cfg.zero_stage}, {W} ranks)": (weights, "resident"),
-        "gradients": (gradients, "resident"),
-        "optimizer state" + (" (offloaded to the host)" if cfg.offload_optimizer else ""):
-            (0.0 if cfg.offload_optimizer else ADAM_BYTES * P / W, "resident"),
+        f"policy weights (ZeRO-{cfg.zero_stage}, {W} ranks)" + (" (frozen base)" if cfg.lora_rank else ""):
+            (weights, "resident"),
     }
+    if cfg.lora_rank:
+        parts[f"LoRA adapters (rank {cfg.lora_rank}, {T / 1e6:.1f} M parameters)"] = (
+            width * T / W if zero3 else width * T, "resident")
+    parts["gradients"] = (gradients, "resident")
+    parts["optimizer state" + (" (offloaded to the host)" if cfg.offload_optimizer else "")] = (
+        0.0 if cfg.offload_optimizer else ADAM_BYTES * T / W, "resident")
     if zero3:
         parts["ZeRO-3 gathered parameters"] = (min(P, MAX_LIVE_PARAMETERS) * width, "resident")
-    parts["reference model"] = (weights if cfg.beta > 0 else 0.0, "resident")
+    # With LoRA, π_ref is the policy with its adapters disabled: no copy.
+    parts["reference model"] = (weights if cfg.beta > 0 and not cfg.lora_rank else 0.0, "resident")
     parts["CUDA context and fragmentation"] = (CUDA_RESERVE, "resident")
     parts |= {name: (size, "training") for name, size in activation_bytes(cfg, arch, width).items()}
     share = cfg.vllm_gpu_memory_utilization

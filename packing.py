@@ -45,7 +45,8 @@ class Packed:
 
     input_ids: torch.Tensor  # (1, L)
     position_ids: torch.Tensor  # (1, L)
-    allowed: torch.Tensor  # (L, L) bool: query token q may attend to key token k
+    group: torch.Tensor  # (L,) the group (prompt) each token belongs to
+    part: torch.Tensor  # (L,) 0 for a prompt token, i + 1 for a token of its group's i-th completion
     predictors: torch.Tensor  # (T,) position whose logits predict each completion token, T = Σ|c|
     targets: torch.Tensor  # (T,) the completion tokens, completion after completion
     completion_mask: torch.Tensor  # (n, C) float, 1 on each completion's tokens, C = longest completion
@@ -53,6 +54,19 @@ class Packed:
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[1]
+
+    @property
+    def allowed(self) -> torch.Tensor:
+        """`(L, L)` bool: query token q may attend to key token k (same group, k not after q, and k in the prompt
+        or in q's own completion). Built on each call, not stored: a step keeps all its micro-batches packed
+        until it ends, and L² per micro-batch would hold gradient_accumulation_steps × L² bytes where the memory
+        plan counts one mask, the one being used (memory_plan.activation_bytes)."""
+        index = torch.arange(self.num_tokens, device=self.group.device)  # (L,)
+        return (
+            (self.group[:, None] == self.group[None, :])
+            & (index[None, :] <= index[:, None])
+            & ((self.part[None, :] == 0) | (self.part[None, :] == self.part[:, None]))
+        )  # (L, L)
 
 
 def pack(groups: Sequence[Group], device: torch.device | str = "cpu") -> Packed:
@@ -89,20 +103,13 @@ def pack(groups: Sequence[Group], device: torch.device | str = "cpu") -> Packed:
             targets += completion
             lengths.append(len(completion))
 
-    group = torch.tensor(group_of, device=device)  # (L,); built where it is used: (L, L) is large on long rows
-    part = torch.tensor(part_of, device=device)  # (L,)
-    index = torch.arange(len(ids), device=device)  # (L,)
-    allowed = (
-        (group[:, None] == group[None, :])
-        & (index[None, :] <= index[:, None])
-        & ((part[None, :] == 0) | (part[None, :] == part[:, None]))
-    )  # (L, L)
     lengths_t = torch.tensor(lengths)  # (n,)
     completion_mask = (torch.arange(max(1, max(lengths, default=1)))[None, :] < lengths_t[:, None]).float()  # (n, C)
     return Packed(
         input_ids=torch.tensor([ids], dtype=torch.long, device=device),
         position_ids=torch.tensor([positions], dtype=torch.long, device=device),
-        allowed=allowed,
+        group=torch.tensor(group_of, device=device),  # (L,); the (L, L) mask is built where it is used
+        part=torch.tensor(part_of, device=device),
         predictors=torch.tensor(predictors, dtype=torch.long, device=device),
         targets=torch.tensor(targets, dtype=torch.long, device=device),
         completion_mask=completion_mask.to(device),

@@ -106,7 +106,16 @@ def make_engine(
     gpu_memory_utilization: float,
     enable_sleep_mode: bool,
 ):
-    """One colocated vLLM engine for this training process (tensor parallel 1, driven by our launcher)."""
+    """One colocated vLLM engine for this training process (tensor parallel 1, driven by our launcher).
+
+    With sleep mode the CUDA graphs go to sleep too (`sleep_mode_offload_cudagraph`): by default vLLM 0.32 keeps
+    them on the GPU while the engine sleeps (vllm/config/model.py line 380, default False), which the memory plan
+    would count as free for training. With the option, graph capture allocates from the cuMem pool tagged
+    "cudagraph" (vllm/config/vllm.py lines 688-700, `use_cumem_cudagraph_pool`, read by compilation/cudagraph_pool.py
+    lines 38-40; device_allocator/cumem.py lines 437-450), which every sleep level copies to the host (device_allocator/sleep_mode_backend.py lines 131-137) and
+    the first `wake_up`, whatever its tags, maps and copies back (cumem.py line 348: a tag other than "weights" and
+    "kv_cache" always wakes), so our wake order (rollout.wake_weights, then wake_kv_cache) is unchanged.
+    """
     if not torch.cuda.is_available():
         keep_cpu_linear_weights()
 
@@ -120,6 +129,7 @@ def make_engine(
         tensor_parallel_size=1,
         enable_prefix_caching=True,
         enable_sleep_mode=enable_sleep_mode,
+        sleep_mode_offload_cudagraph=enable_sleep_mode,
         enforce_eager=not torch.cuda.is_available(),
     )
 

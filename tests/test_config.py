@@ -205,6 +205,16 @@ def test_check_fits_refuses_a_model_too_large_for_the_host():
     preflight.check_fits(Config(), num_parameters=10**6, dtype=torch.float32)  # a small one passes
 
 
+def test_host_memory_count_with_lora_holds_one_copy_less_and_adam_for_the_adapters_only():
+    P, T, gib = 10**9, 10**6, 2**30
+    full = preflight.host_bytes_needed(Config(), P, P, torch.float32, world_size=1)
+    lora = preflight.host_bytes_needed(Config(lora_rank=8), P, T, torch.float32, world_size=1)
+    # full: policy, vLLM and reference copies, gradients, 12 bytes of AdamW per parameter, 1 GiB of KV cache
+    assert full == 4 * P * 3 + 4 * P + 12 * P + gib
+    # LoRA: no reference copy; gradients and AdamW for the T adapter parameters only
+    assert lora == 4 * P * 2 + 4 * T + 12 * T + gib
+
+
 def fake_run(cfg: Config, tmp_path: Path):
     """What canoe.score reads of a Run: the config, a grader's counters, the output folder and the phase times."""
     from types import SimpleNamespace

@@ -116,3 +116,35 @@ def test_architecture_comes_from_config_json_when_the_folder_exists(tmp_path):
 def test_an_unknown_model_without_its_folder_is_an_error_naming_it():
     with pytest.raises(memory_plan.ArchitectureError, match="Mystery-3B"):
         architecture("models/Mystery-3B")
+
+
+def test_llama_8b_lora_plan_on_one_gpu_by_hand():
+    """recipes/llama3.1-8b-lora.toml on one 80 GiB GPU: the frozen base once, adapter gradients and Adam state only,
+    no reference model. The same recipe without LoRA does not fit one GPU."""
+    cfg = load_config(ROOT / "recipes" / "llama3.1-8b-lora.toml")
+    assert (cfg.lora_rank, cfg.lora_alpha, cfg.learning_rate, cfg.beta) == (16, 32.0, 1e-5, 0.04)
+    plan = plan_memory(cfg, architecture(cfg.model), world_size=1, total_bytes=80 * GIB)
+    P, total = 8_030_261_248, 85_899_345_920
+    # T = r · (in + out) per projection, 32 layers: q and o 4096 + 4096, k and v 4096 + 1024, gate/up/down 4096 + 14336
+    T = 32 * 16 * (2 * 8192 + 2 * 5120 + 3 * 18432)
+    assert T == memory_plan.lora_parameters(architecture(cfg.model), 16, cfg.lora_target_modules) == 41_943_040
+    parts = {name: size for name, (size, _) in plan.parts.items()}
+    assert parts["policy weights (ZeRO-2, 1 ranks) (frozen base)"] == 2 * P
+    assert parts["LoRA adapters (rank 16, 41.9 M parameters)"] == 2 * T == 83_886_080
+    assert parts["gradients"] == 6 * T + 2 * T == 335_544_320  # bf16 + fp32 copy, and a bucket of at most T
+    assert parts["optimizer state"] == 12 * T == 503_316_480
+    assert parts["reference model"] == 0.0
+    resident = 2 * P + 83_886_080 + 335_544_320 + 503_316_480 + 2 * GIB
+    assert plan.phase("resident") == resident == 19_130_753_024  # 17.8 GiB
+    assert plan.training_peak == resident + 7_214_202_880 + 7_354_712_064 + 805_306_368  # activations as in 8B
+    assert plan.free_at_engine_start == total - resident == 66_768_592_896
+    assert plan.fitting_share == 0.77 and plan.share == 0.7
+    assert plan.kv_cache == pytest.approx(0.7 * total - 2 * P - 3_533_701_120)
+    assert plan.problems() == []
+    full = dataclasses.replace(cfg, lora_rank=0)
+    assert plan_memory(full, architecture(cfg.model), world_size=1, total_bytes=80 * GIB).problems()
+
+
+def test_a_lora_target_the_plan_does_not_know_is_named():
+    with pytest.raises(memory_plan.ArchitectureError, match="qkv_proj"):
+        memory_plan.lora_parameters(KNOWN_ARCHITECTURES["Qwen2.5-7B-Instruct"], 8, ["q_proj", "qkv_proj"])

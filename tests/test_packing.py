@@ -120,3 +120,14 @@ def test_mask_is_in_the_model_dtype():
     assert mask[0, 0, 0, 1] == torch.finfo(torch.bfloat16).min and mask[0, 0, 1, 0] == 0
     got = packing.completion_logprobs(model, packing.pack(GROUPS))
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
+
+
+def test_a_packed_micro_batch_holds_no_l_by_l_tensor():
+    """A step keeps every micro-batch packed until it ends; each must hold O(L) memory, not its (L, L) mask (which
+    is built for the forward pass that uses it: the memory plan counts one)."""
+    packed = packing.pack([(list(range(1, 101)), [list(range(5, 45)) for _ in range(7)])])  # L = 100 + 7 × 40 = 380
+    L = packed.num_tokens
+    assert L == 380
+    stored = [value for value in vars(packed).values() if isinstance(value, torch.Tensor)]
+    assert stored and max(t.numel() for t in stored) < L * L // 10
+    assert packed.allowed.shape == (L, L) and packed.allowed.dtype == torch.bool  # still there when asked for

@@ -151,3 +151,20 @@ def test_push_into_the_packed_cpu_engine_lands_only_with_the_repack():
     assert result["packed"] is True
     assert result["without_repack"]["passed"] is False and result["without_repack"]["gap"] > 1e-2
     assert result["with_repack"]["passed"] is True and result["with_repack"]["gap"] <= 1e-3
+
+
+def test_a_sleeping_engine_offloads_its_cuda_graphs(monkeypatch):
+    """vLLM 0.32 keeps CUDA graphs on the GPU while asleep unless `sleep_mode_offload_cudagraph` is set; the memory
+    plan counts a sleeping engine as holding nothing, so make_engine sets it whenever sleep mode is on."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    assert "sleep_mode_offload_cudagraph" in {f.name for f in dataclasses.fields(EngineArgs)}  # the installed vLLM's
+    seen = []
+    monkeypatch.setattr(rollout, "LLM", lambda **kwargs: seen.append(kwargs))
+    monkeypatch.setattr(rollout, "keep_cpu_linear_weights", lambda: None)
+    for sleep in (True, False):
+        rollout.make_engine("m", dtype="bfloat16", seed=0, max_model_len=64, gpu_memory_utilization=0.5,
+                            enable_sleep_mode=sleep)
+    assert [(k["enable_sleep_mode"], k["sleep_mode_offload_cudagraph"]) for k in seen] == [(True, True), (False, False)]
