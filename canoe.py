@@ -67,7 +67,7 @@ from grader import MathGrader
 from grpo_loss import decoupled_advantages, group_advantages, grpo_loss, trained_sequences, zero_variance_groups
 from metrics import RunLog, Step, step_metrics, timed, truncate_log, write_run_info
 from rewards import REWARD_FUNCS, REWARD_ISSUES
-from runtime import init_distributed, print0, resolve_dtype
+from runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype
 
 
 # ==============================================================================================================
@@ -409,9 +409,8 @@ def loss_denominators(kept: torch.Tensor, batches: list[Batch]) -> dict[str, flo
     rank kept any sequence (possible with skip_zero_variance_groups or mask_truncated): the step then trains
     nothing and costs no forward or backward pass.
     """
-    local = torch.tensor([float(kept.sum()), float(sum(b.mask.sum() for b in batches))], dtype=torch.float64)
-    dist.all_reduce(local)
-    sequences, tokens = (float(v) / dist.get_world_size() for v in local)
+    local = [float(kept.sum()), float(sum(b.mask.sum() for b in batches))]
+    sequences, tokens = (v / dist.get_world_size() for v in all_reduce_values(local))
     return {"total_sequences": sequences, "total_tokens": max(tokens, 1.0)} if sequences else None
 
 
@@ -444,9 +443,8 @@ def vllm_gap(batch: Batch, trainer: torch.Tensor) -> float:
 
 def skip_or_stop_on_nonfinite(run: Run, losses: list[torch.Tensor]) -> None:
     """DeepSpeed skips an update whose gradient norm is not finite; count such steps and stop if they persist."""
-    flag = torch.tensor([float(not all(bool(torch.isfinite(loss)) for loss in losses))])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if not flag.item():
+    (bad,) = all_reduce_values([float(not all(bool(torch.isfinite(loss)) for loss in losses))], op=dist.ReduceOp.MAX)
+    if not bad:
         run.bad_steps_in_a_row = 0
         return
     if run.engine.was_step_applied():
@@ -518,14 +516,14 @@ def train(cfg: Config, resume: bool) -> None:
     bar.close()
     log.close()
     run.grader.close()
-    print0(f"done: {run.step} steps; policy in {checkpoint.latest_checkpoint(run.out) / 'policy'}")
+    if run.rank == 0:  # only rank 0's output folder is sure to hold the checkpoint (a node-local disk may not)
+        print0(f"done: {run.step} steps; policy in {checkpoint.latest_checkpoint(run.out) / 'policy'}")
 
 
 def out_of_time(deadline: float) -> bool:
     """Rank 0's clock decides, so that every rank stops after the same step."""
-    flag = torch.tensor([float(time.monotonic() >= deadline)])
-    dist.broadcast(flag, src=0)
-    return bool(flag.item())
+    (spent,) = broadcast_values([float(time.monotonic() >= deadline)], src=0)
+    return bool(spent)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

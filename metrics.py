@@ -3,7 +3,17 @@
 `metrics.jsonl` gets one line per step (every key is documented in the README, "A run's outputs"):
 `reward/<name>` for each configured reward, `reward/total`, `loss/*` from grpo_loss.summarize_metrics (KL, clip
 fraction, ratios, importance weights), `completion/*`, `stage2/*`, `sync/*`, `train/*`, `time/<phase>` and
-`perf/tokens_per_s`. Values are averaged over ranks, except the loss metrics, which are already global.
+`perf/tokens_per_s`. How a rank's values become the run's (`step_metrics`, with runtime.reduce_over_ranks):
+- counts are summed over ranks (COUNT_KEYS: `reward/issues`, `reward/timeouts`, `reward/grader_errors`,
+  `stage2/too_long`): one grader error on one rank of eight logs 1, not 0.125;
+- maxima take the largest value of any rank (MAX_KEYS: `completion/length_max`, `sync/push_max_abs_diff`);
+- values that are already the same on every rank are logged as they are (GLOBAL_KEYS): the `loss/*` metrics of
+  grpo_loss, whose sums, minima and maxima are all-reduced before they are turned into means, and
+  `train/bad_steps_total`, which every rank counts alike (the non-finite check is all-reduced);
+- every other value is a mean, rate or share per rank (`reward/<name>`, `reward/total`, `signal/*`,
+  `faithfulness/em`, the `*_frac` and `completion/length_mean`, `loss/loss`, `time/*`, `perf/tokens_per_s`,
+  which is per rank, ...) and is averaged over ranks.
+A new metric that counts something belongs in COUNT_KEYS, one that is a maximum in MAX_KEYS.
 `samples.jsonl` gets the prompts, completions and stage-2 texts every `sample_every` steps.
 """
 
@@ -26,7 +36,7 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 
 from grpo_loss import METRIC_REDUCTIONS, merge_metrics, summarize_metrics
-from runtime import mean_over_ranks
+from runtime import all_reduce_values, reduce_over_ranks
 
 
 def write_run_info(cfg, out: Path, world_size: int) -> None:
@@ -87,17 +97,33 @@ class Step:
 
 
 GLOBAL_KEYS = {"loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
-               "loss/importance_mean", "loss/importance_capped_frac"}
+               "loss/importance_mean", "loss/importance_capped_frac", "train/bad_steps_total"}
+COUNT_KEYS = {"reward/issues", "reward/timeouts", "reward/grader_errors", "stage2/too_long"}
+MAX_KEYS = {"completion/length_max", "sync/push_max_abs_diff"}
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+
+def reduce_loss_totals(totals: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """grpo_loss's merged metrics of this rank → those of all ranks: each key all-reduced with its op of
+    METRIC_REDUCTIONS (sums add, `ratio_min` takes the MIN, `ratio_max` the MAX), one collective per op, on the
+    process group's device (runtime.collective_device). Returns new 0-d float64 CPU tensors."""
+    reduced = {}
+    for name, op in REDUCE_OPS.items():
+        keys = [key for key, how in METRIC_REDUCTIONS.items() if how == name]
+        if keys:
+            values = torch.stack([totals[key].detach().reshape(()).double() for key in keys])
+            reduced |= {key: torch.tensor(value, dtype=torch.float64)
+                        for key, value in zip(keys, all_reduce_values(values, op=op))}
+    return reduced
 
 
 def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
-    """The step's metrics line: loss metrics reduced exactly over micro-batches and ranks, the rest averaged."""
+    """The step's metrics line: loss metrics reduced exactly over micro-batches and ranks, counts summed over
+    ranks, maxima the largest of any rank, the rest averaged (the module's docstring has the rule)."""
     # no losses: the step had no sequence to train on (all skipped); the loss metrics are then 0
     totals = (merge_metrics(metrics for _, metrics in step.losses) if step.losses
               else {key: torch.tensor(0.0) for key in METRIC_REDUCTIONS})
-    for key, value in totals.items():  # sums add over ranks, extremes take min/max
-        op = {"ratio_min": dist.ReduceOp.MIN, "ratio_max": dist.ReduceOp.MAX}.get(key, dist.ReduceOp.SUM)
-        dist.all_reduce(value, op=op)
+    totals = reduce_loss_totals(totals)  # sums add over ranks, extremes take min/max
     completions, first_pass = step.completions, step.losses[: len(step.batches)]
     lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
     metrics = {
@@ -124,7 +150,7 @@ def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
     }
     if first_pass:  # measured where the trainer scored the sampled tokens
         metrics["sync/vllm_trainer_gap"] = sum(m["vllm_gap"] for _, m in first_pass) / len(first_pass)
-    metrics = mean_over_ranks(metrics, keep=GLOBAL_KEYS)
+    metrics = reduce_over_ranks(metrics, keep=GLOBAL_KEYS, sums=COUNT_KEYS, maxima=MAX_KEYS)
     metrics["step"] = run.step
     return metrics
 

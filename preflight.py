@@ -19,6 +19,7 @@ import torch
 import data
 import memory_plan
 import rollout
+import runtime
 from config import Config
 
 
@@ -76,7 +77,7 @@ def check_fits(cfg: Config, num_parameters: int, dtype, trainable: int | None = 
             raise SystemExit(f"error: this config does not fit on these GPUs (memory_plan.py):\n{plan.table()}")
         return
     need = host_bytes_needed(cfg, num_parameters, num_parameters if trainable is None else trainable, dtype, world)
-    have = psutil.virtual_memory().available / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    have = psutil.virtual_memory().available / runtime.ranks_on_this_node()
     if need > have:
         lora = "" if cfg.lora_rank else "lora_rank > 0 (LoRA), "
         raise SystemExit(

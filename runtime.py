@@ -7,13 +7,20 @@ they are in the environment when those libraries start.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Sequence
 
 # vLLM in-process: rollouts run in the training process itself, no engine subprocess. Read when vLLM is imported.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+def ranks_on_this_node() -> int:
+    """The number of ranks this node runs: torchrun's LOCAL_WORLD_SIZE, or LOCAL_SIZE, the name DeepSpeed's launcher
+    uses (deepspeed/launcher/launch.py sets LOCAL_SIZE and never LOCAL_WORLD_SIZE); 1 for a plain `python`."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1")
+
+
 # Without OMP_NUM_THREADS vLLM cuts torch to ONE thread "for serving", which would also leave training on one
 # core (measured on the 2-core machine: SmolLM2 forward+backward of 14 × 350 tokens takes 46 s on one thread,
 # 26 s on two). Share the cores among the ranks instead.
-os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks_on_this_node())))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import deepspeed  # noqa: E402  (after the environment above)
@@ -47,9 +54,63 @@ def resolve_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def mean_over_ranks(metrics: dict[str, float], keep: set[str]) -> dict[str, float]:
-    """Average every metric over ranks, except those in `keep` (already global)."""
-    names = sorted(k for k in metrics if k not in keep)
-    values = torch.tensor([float(metrics[k]) for k in names], dtype=torch.float64)
-    dist.all_reduce(values)
-    return {**metrics, **{k: float(v) / dist.get_world_size() for k, v in zip(names, values)}}
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """The device whose tensors the process group's backend takes: every collective of the trainer is built on it.
+
+    A backend serves only the device types it is registered for, and a tensor on any other type is refused ("No
+    backend type associated with device type cpu"). On CUDA, DeepSpeed 0.19.8 creates the group with NCCL
+    (deepspeed/accelerator/cuda_accelerator.py line 34 and `communication_backend_name`, lines 261-262;
+    deepspeed/comm/comm.py lines 906-910: `dist_backend = get_accelerator().communication_backend_name()`, then
+    deepspeed/comm/torch.py line 282: `torch.distributed.init_process_group(backend, ...)`),
+    and torch 2.13 registers NCCL for "cuda" only (torch/distributed/distributed_c10d.py lines 304-318:
+    `default_device_backend_map`, `backend_capability`; lines 2098-2323: `_new_process_group_helper` registers one
+    backend per device type, `pg._register_backend(torch.device(device), ...)`). On a CPU, gloo serves "cpu" (and
+    "cuda"). So the tensors go where the group's backend is: torch's own rule for object collectives,
+    `_get_object_coll_device` (distributed_c10d.py lines 865-928, reading the group's `_device_types`: its one
+    device type, or "cpu" when the group serves "cpu" among others), which all_gather_object and
+    broadcast_object_list use to place their tensors (lines 3500 and 4012; `_object_to_tensor` moves them with
+    `.to(device)`, line 3410). The device carries no index: "cuda" is the current device, which canoe.setup sets
+    to the rank's own GPU right after joining the group.
+    """
+    return torch.device(dist.distributed_c10d._get_object_coll_device(group))
+
+
+def _on_collective_device(values: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    """A new float64 vector of `values` on `collective_device()` (a copy: collectives write into their tensor)."""
+    if isinstance(values, torch.Tensor):
+        vector = values.detach().reshape(-1).to(torch.float64)
+    else:
+        vector = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    return vector.to(collective_device(), copy=True)
+
+
+def all_reduce_values(values: Sequence[float] | torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> list[float]:
+    """All-reduce a vector of numbers over the ranks with `op` (SUM, MIN, MAX, ...), on the group's device; returns
+    the reduced values as Python floats, in order."""
+    vector = _on_collective_device(values)
+    dist.all_reduce(vector, op=op)
+    return vector.cpu().tolist()
+
+
+def broadcast_values(values: Sequence[float] | torch.Tensor, src: int = 0) -> list[float]:
+    """Rank `src`'s vector of numbers, on every rank (broadcast on the group's device); returns Python floats."""
+    vector = _on_collective_device(values)
+    dist.broadcast(vector, src=src)
+    return vector.cpu().tolist()
+
+
+def reduce_over_ranks(metrics: dict[str, float], *, keep: Collection[str] = (), sums: Collection[str] = (),
+                      maxima: Collection[str] = ()) -> dict[str, float]:
+    """Combine each rank's metrics into the run's: those in `keep` are already the same on every rank and stay as
+    they are, those in `sums` (counts) are added up over ranks, those in `maxima` take the largest value of any
+    rank, and every other metric (means, rates, shares) is averaged over ranks. Every rank must pass the same keys.
+    """
+    world = dist.get_world_size()
+    added = sorted(k for k in metrics if k not in keep and k not in maxima)
+    largest = sorted(k for k in metrics if k in maxima and k not in keep)
+    combined = dict(metrics)
+    for key, value in zip(added, all_reduce_values([metrics[k] for k in added])):
+        combined[key] = value if key in sums else value / world
+    if largest:  # the same keys on every rank, so every rank takes part or none does
+        combined.update(zip(largest, all_reduce_values([metrics[k] for k in largest], op=dist.ReduceOp.MAX)))
+    return combined
