@@ -27,7 +27,9 @@ Per GPU, with P parameters, w bytes per value of the training dtype and W ranks 
                                                  layer recomputed, L · (7h + 3·kv + 4·I) · w (without checkpointing
                                                  every layer keeps that much)
                                                - logits and their gradient: 2 · T · V · w
-                                               - the attention mask and its boolean form: L² · (w + 1)
+                                               - the attention mask and its boolean form: L² · (w + 1),
+                                                 built for the micro-batch being scored only (packing.Packed
+                                                 stores O(L) per micro-batch)
     rollout only           vLLM                the share × total: weights w·P (tensor parallel 1), its working
                                                memory (profile-run peak and CUDA graphs) and the KV cache, which
                                                gets the rest (2 · layers · kv · w bytes per token)
@@ -38,7 +40,8 @@ are also counted in the training dtype; the reduce bucket holds at most T gradie
 model (the policy with its adapters disabled is π_ref); vLLM holds the merged weights, the base's size.
 Activations are the same: the backward pass still runs through every layer to reach the adapters below.
 
-With sleep mode (CUDA) vLLM is asleep at level 2 while the trainer trains (rollout.py, "Memory hand-over"), so the
+With sleep mode (CUDA) vLLM is asleep at level 2 while the trainer trains (rollout.py, "Memory hand-over"), its
+CUDA graphs offloaded to the host too (`sleep_mode_offload_cudagraph`, rollout.make_engine), so the
 peak is the larger of resident + activations and resident + share × total; without it both add up.
 
 The 7h + 3·kv + 4·I elements per token of a decoder layer count what one Llama/Qwen2 layer saves for backward:
