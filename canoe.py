@@ -161,13 +161,13 @@ def setup(cfg: Config, *, resume: bool) -> Run:
 
     # vLLM, colocated in this process. Stage-2 prompts carry a long answer in place of the context, so the
     # engine's context must hold a prompt plus two completions.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.vllm_cpu_kv_cache_gib))))
     sleep = cfg.vllm_sleep and device.type == "cuda" and rollout.sleep_supported()
     if device.type == "cuda":
         preflight.check_engine_can_start(cfg)
     llm = rollout.make_engine(cfg.model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens,
-                              gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=sleep)
+                              gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=sleep,
+                              cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib)
 
     grader = MathGrader(workers=cfg.reward_workers, deadline_s=cfg.reward_deadline_s)
     probe = make_probe(tokenizer, rows[0])

@@ -38,7 +38,6 @@ from __future__ import annotations
 import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
 import json
-import os
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -90,10 +89,10 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
     import rollout
 
     runtime.single_process_defaults()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.vllm_cpu_kv_cache_gib))))
     dtype = str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch.")
     llm = rollout.make_engine(model, dtype=dtype, seed=cfg.seed, max_model_len=max_model_len,
-                              gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=False)
+                              gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=False,
+                              cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib)
     params = SamplingParams(n=1, max_tokens=cfg.max_completion_tokens, seed=cfg.seed, **settings)
     results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=True)
     return [cfg.response_prefix + r.outputs[0].text for r in results]

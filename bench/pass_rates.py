@@ -82,7 +82,8 @@ def main() -> None:
                                        cfg.max_prompt_tokens, "drop", **cfg.prompt_style())
     llm = rollout.make_engine(model, dtype=str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=cfg.max_prompt_tokens + cfg.max_completion_tokens,
-                              gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=False)
+                              gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=False,
+                              cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib)
     G = cfg.num_generations
     completions = rollout.generate_stage1(llm, [r["prompt_ids"] for r in rows], num_generations=G,
                                           temperature=cfg.temperature, top_p=cfg.top_p,

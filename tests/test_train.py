@@ -169,6 +169,11 @@ def test_lora_one_rank_zero2(tmp_path, smoke_data):
         adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(SMOKE_MODEL), final / "adapter")
         merged = AutoModelForCausalLM.from_pretrained(final / "policy")
         torch.testing.assert_close(merged(ids).logits, adapted(ids).logits, rtol=0, atol=1e-4)
+    # the merged folder is the base model's format: the same tensor names and shapes, the same config (what vLLM
+    # and `--eval --model` load; the crash test loads such a folder into vLLM)
+    base, policy = load_file(SMOKE_MODEL / "model.safetensors"), load_file(final / "policy" / "model.safetensors")
+    assert {k: v.shape for k, v in policy.items()} == {k: v.shape for k, v in base.items()}
+    assert json.loads((final / "policy" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     state = torch.load(final / "deepspeed" / "state" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
     assert all("lora_" in key for key in state if "layers" in key)  # no frozen decoder weight is stored again
 
