@@ -387,7 +387,7 @@ def reference_logprobs(run: Run, batches: list[Batch]) -> None:
         return
     reference = run.engine if run.reference is None else run.reference
     reference.eval()
-    with lora.adapters_disabled(reference.module if run.reference is None else reference):
+    with lora.adapters_disabled(reference):
         for batch in batches:
             batch.ref = packing.completion_logprobs(reference, batch.packed)
 

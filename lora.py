@@ -72,7 +72,9 @@ def is_lora(model: torch.nn.Module) -> bool:
 
 @contextlib.contextmanager
 def adapters_disabled(model: torch.nn.Module):
-    """Inside: the base model, i.e. π_ref (PEFT's `disable_adapter`). A plain model is left as it is."""
+    """Inside: the base model, i.e. π_ref (PEFT's `disable_adapter`). `model` may be the DeepSpeed engine around
+    it; a plain model is left as it is."""
+    model = getattr(model, "module", model)
     if not is_lora(model):
         yield
         return
