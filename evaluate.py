@@ -11,8 +11,9 @@ Two modes:
   the same system prompt and response prefix as in training, and scored by our normalised exact match
   (data.exact_match: case, punctuation, articles and whitespace ignored, a negated prediction fails; its
   docstring lists where it differs from the official ConFiQA EM) between the `<answer>` span of the output and
-  the gold; the format rate is the share of outputs that rewards.format_reward accepts. The table is per task
-  type (the `task` field; "all" when the data has none).
+  the gold; `contains` is the same match with the gold's words anywhere in the answer (score); the format rate
+  is the share of outputs that rewards.format_reward accepts. The table is per task type (the `task` field;
+  "all" when the data has none).
 - **With `--suite NAME`** (suites.py: confiqa, fiqa, cnq, faitheval, followrag): the file is read as the
   official CANOE scripts read it, the user turn is the suite's prompt, the system prompt is the config's with
   every line indented by four spaces as in the official scripts (`--no-indent-system-prompt` turns that off),
@@ -53,15 +54,25 @@ HF_SAMPLING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_p": 1.0, "t
 
 
 def score(rows: list[dict], outputs: list[str]) -> dict:
-    """EM and format rate per task type and overall; `outputs` are the full answer texts (prefix included)."""
-    groups: dict[str, list[tuple[bool, float]]] = defaultdict(list)
+    """EM, its `contains` variant and the format rate per task type and overall; `outputs` are the full answer
+    texts (prefix included).
+
+    em: data.exact_match between the answer span of the output (tags.answer_span: the first `<answer>`, the whole
+    output when it has none) and the gold's. contains: the same two strings with exact_match(contains=True): the
+    gold's words anywhere in the answer span, as a contiguous run (negation guard kept). It reads faithfulness
+    apart from the short-answer format: "<answer>Lyon, as the passage says</answer>" and an output without tags
+    that names the gold count; an answer from memory does not.
+    """
+    groups: dict[str, list[tuple[bool, bool, float]]] = defaultdict(list)
     formats = format_reward([[{"role": "assistant", "content": text}] for text in outputs])
     for row, text, fmt in zip(rows, outputs, formats):
-        correct = data.exact_match(data.answer_span(text), data.answer_span(row["solution"]))
+        answer, gold = data.answer_span(text), data.answer_span(row["solution"])
+        item = (data.exact_match(answer, gold), data.exact_match(answer, gold, contains=True), fmt)
         for group in (row.get("task", "all"), "overall"):
-            groups[group].append((correct, fmt))
-    return {group: {"n": len(items), "em": sum(c for c, _ in items) / len(items),
-                    "format_rate": sum(f for _, f in items) / len(items)}
+            groups[group].append(item)
+    return {group: {"n": len(items), "em": sum(e for e, _, _ in items) / len(items),
+                    "contains": sum(c for _, c, _ in items) / len(items),
+                    "format_rate": sum(f for _, _, f in items) / len(items)}
             for group, items in sorted(groups.items(), key=lambda kv: (kv[0] == "overall", kv[0]))}
 
 
@@ -137,9 +148,9 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite
                        cfg.max_prompt_tokens + cfg.max_completion_tokens)
     scores = score(rows, outputs)
 
-    print(f"\n{'task':<16}{'n':>6}{'EM':>8}{'format':>8}")
+    print(f"\n{'task':<16}{'n':>6}{'EM':>8}{'contains':>10}{'format':>8}")
     for group, s in scores.items():
-        print(f"{group:<16}{s['n']:>6}{s['em']:>8.3f}{s['format_rate']:>8.3f}")
+        print(f"{group:<16}{s['n']:>6}{s['em']:>8.3f}{s['contains']:>10.3f}{s['format_rate']:>8.3f}")
     out = Path(cfg.output_dir) / "eval"
     out.mkdir(parents=True, exist_ok=True)
     name = f"{_run_name(model)}-{Path(eval_file).stem}"

@@ -1,11 +1,11 @@
 """Step time and peak memory of training runs, back to back: full fine-tuning against LoRA, one process tree each.
 
-    python bench/bench_lora.py                      # SmolLM2 default (config.toml) without and with LoRA, then
-                                                    # Qwen2.5-Coder-0.5B-Instruct with LoRA
+    python bench/bench_lora.py                      # SmolLM2 (recipes/smollm2-135m.toml) without and with LoRA,
+                                                    # then the default (config.toml: Qwen2.5-Coder-0.5B, LoRA)
     python bench/bench_lora.py --steps 4 --only qwen-lora
 
-Each run is `deepspeed canoe.py --config C` where C is config.toml with `max_steps`, the output folder and the
-run's own keys changed (same seed, same data, same steps). While it runs, the memory of its whole process tree
+Each run is `deepspeed canoe.py --config C` where C is its base config with `max_steps`, the output folder and
+the run's own keys changed (same seed, same data, same steps). While it runs, the memory of its whole process tree
 (the launcher, the training rank with its vLLM engine, the grading workers) is sampled every 0.5 s as the sum of
 each process's proportional set size (PSS: a page shared by n processes counts 1/n in each, so the forked
 grading workers are not counted twice). Printed per run: the seconds of the first step and the mean of the
@@ -26,12 +26,12 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-QWEN = "models/Qwen2.5-Coder-0.5B-Instruct"
-# name: config keys over config.toml. LoRA's learning rate is 10x the default's ("LoRA Without Regret"; lora.py).
+SMOLLM2 = ROOT / "recipes" / "smollm2-135m.toml"
+# name: (base config, keys over it). LoRA's learning rate is 10x full fine-tuning's ("LoRA Without Regret"; lora.py).
 RUNS = {
-    "smollm2-full": {},
-    "smollm2-lora": {"lora_rank": 16, "lora_alpha": 32.0, "learning_rate": 3e-4},
-    "qwen-lora": {"model": QWEN, "lora_rank": 16, "lora_alpha": 32.0, "learning_rate": 5e-5},
+    "smollm2-full": (SMOLLM2, {}),
+    "smollm2-lora": (SMOLLM2, {"lora_rank": 16, "lora_alpha": 32.0, "learning_rate": 3e-4}),
+    "qwen-lora": (ROOT / "config.toml", {}),  # the default: Qwen2.5-Coder-0.5B-Instruct, LoRA rank 16, lr 5e-5
 }
 
 
@@ -47,11 +47,11 @@ def tree_memory(root: psutil.Process) -> dict[int, float]:
     return found
 
 
-def run(name: str, keys: dict, steps: int, out: Path) -> dict:
+def run(name: str, base: Path, keys: dict, steps: int, out: Path) -> dict:
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     settings = {"max_steps": steps, "max_minutes": 0.0, "output_dir": str(folder / "run"), "save_every": 0, **keys}
-    lines = [f'base = "{ROOT / "config.toml"}"'] + [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+    lines = [f'base = "{base}"'] + [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
     config = folder / "config.toml"
     config.write_text("\n".join(lines) + "\n")
     metrics = folder / "run" / "metrics.jsonl"
@@ -96,7 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     for name in args.only or RUNS:
-        result = run(name, RUNS[name], args.steps, ROOT / args.out)
+        result = run(name, *RUNS[name], args.steps, ROOT / args.out)
         results.append(result)
         print(f"{name}: {result['steps']} steps, first step {result['first_step_s']:.1f} s, then "
               f"{result['step_s']:.1f} s per step, peak memory {result['peak_gb']:.2f} GB, "

@@ -17,24 +17,28 @@ ROOT = Path(__file__).resolve().parent.parent
 FORMATTED = "<think>t</think><long_answer>The city is Lyon.</long_answer><answer>{}</answer>"
 
 
-def test_score_em_and_format_per_task():
+def test_score_em_contains_and_format_per_task():
     rows = [
+        {"task": "counterfactual", "solution": "<answer>Lyon</answer>"},
         {"task": "counterfactual", "solution": "<answer>Lyon</answer>"},
         {"task": "counterfactual", "solution": "<answer>Lyon</answer>"},
         {"task": "straightforward", "solution": "<answer>The Hague</answer>"},
         {"task": "straightforward", "solution": "<answer>Oslo</answer>"},
+        {"task": "straightforward", "solution": "<answer>Oslo</answer>"},
     ]
     outputs = [
         FORMATTED.format("lyon."),  # normalised match: case and punctuation
-        FORMATTED.format("not Lyon"),  # negation guard
-        "the hague",  # no tags: the whole text is the answer span; matches, but format fails
-        FORMATTED.format("Bergen"),
+        FORMATTED.format("not Lyon"),  # negation guard, in both variants
+        FORMATTED.format("Lyon, as the passage says"),  # the gold inside a longer answer: contains only
+        "the city is the hague",  # no tags: the whole text is the answer span; contains, but format fails
+        FORMATTED.format("Bergen"),  # an answer from memory: neither
+        "<think>Oslo</think><answer>Bergen</answer>",  # the gold in the reasoning only: not in the answer span
     ]
     scores = evaluate.score(rows, outputs)
     assert list(scores) == ["counterfactual", "straightforward", "overall"]
-    assert scores["counterfactual"] == {"n": 2, "em": 0.5, "format_rate": 1.0}
-    assert scores["straightforward"] == {"n": 2, "em": 0.5, "format_rate": 0.5}
-    assert scores["overall"] == {"n": 4, "em": 0.5, "format_rate": 0.75}
+    assert scores["counterfactual"] == {"n": 3, "em": 1 / 3, "contains": 2 / 3, "format_rate": 1.0}
+    assert scores["straightforward"] == {"n": 3, "em": 0.0, "contains": 1 / 3, "format_rate": 1 / 3}
+    assert scores["overall"] == {"n": 6, "em": 1 / 6, "contains": 3 / 6, "format_rate": 4 / 6}
 
 
 def test_score_without_task_field_groups_as_all():
