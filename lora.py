@@ -16,7 +16,7 @@ is the wiring a GRPO trainer needs around them:
   Face names. The sum is built in a new tensor: the trainer's modules stay unmerged. (Merging in place and
   unmerging after the push, as some trainers do, adds and subtracts s·B·A every step and leaves round-off in
   W; here W stays bit-identical for the whole run.) Under ZeRO-3 each module's weights are gathered on their own,
-  as for full fine-tuning (rollout.iter_full_parameters).
+  as for full fine-tuning (rollout.own_full_parameters).
 - **The optimizer** sees only A and B: PEFT sets `requires_grad = False` on every other parameter, and canoe.setup
   gives DeepSpeed the parameters that require a gradient.
 - **Checkpoints** (checkpoint.py) hold the adapter in PEFT's format (`adapter/`: `adapter_config.json` and
@@ -39,7 +39,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 
-from rollout import iter_full_parameters
+from rollout import iter_full_parameters, own_full_parameters
 
 # PEFT puts the wrapped model under these two attributes: "base_model.model.layers.0..." is "model.layers.0...".
 PEFT_PREFIX = "base_model.model."
@@ -129,13 +129,7 @@ def policy_weights(model: torch.nn.Module, zero_stage: int) -> Iterator[tuple[st
                 merged = merged_weights(module)
             yield from ((f"{hf_name(name)}.{key}", tensor) for key, tensor in merged.items())
             continue
-        own = [(hf_name(f"{name}.{key}"), p) for key, p in module.named_parameters(recurse=False)]
-        if own and zero_stage < 3:  # full parameters: no copy needed
-            yield from ((key, p.detach()) for key, p in own)
-        elif own:  # copied out before the gathered storage is released (rollout.iter_full_parameters)
-            with _gathered([p for _, p in own], zero_stage):
-                copies = [(key, p.detach().clone()) for key, p in own]
-            yield from copies
+        yield from ((hf_name(f"{name}.{key}"), tensor) for key, tensor in own_full_parameters(module, zero_stage))
 
 
 def adapter_state(model: PeftModel, zero_stage: int) -> dict[str, torch.Tensor]:

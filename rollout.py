@@ -227,23 +227,31 @@ def iter_full_parameters(model: torch.nn.Module, zero_stage: int) -> Iterator[tu
     """Yield (name, full tensor) for every parameter of the (DeepSpeed-wrapped) `model.module`.
 
     ZeRO-2 keeps full parameters on every rank, so they are yielded as they are. ZeRO-3 partitions them: each
-    module's own parameters are gathered, copied out and released before the next module is touched, so at most
-    one module is ever whole (never the whole model). Every rank must consume the iterator in step, because a
-    gather is a collective.
+    module's own parameters are gathered, copied out and released before the next module is touched
+    (`own_full_parameters`), so at most one module is ever whole (never the whole model). Every rank must consume
+    the iterator in step, because a gather is a collective.
     """
     if zero_stage < 3:
         for name, param in model.named_parameters():
             yield name, param.detach()
         return
     for module_name, module in model.named_modules():
-        own = list(module.named_parameters(recurse=False))
-        if not own:
-            continue
-        with deepspeed.zero.GatheredParameters([p for _, p in own]):
-            # Copy: vLLM may buffer tensors until a whole layer has arrived, and the gathered storage is freed
-            # as soon as this block exits.
-            copies = [(f"{module_name}.{name}" if module_name else name, p.detach().clone()) for name, p in own]
-        yield from copies
+        for name, tensor in own_full_parameters(module, zero_stage):
+            yield (f"{module_name}.{name}" if module_name else name), tensor
+
+
+def own_full_parameters(module: torch.nn.Module, zero_stage: int) -> list[tuple[str, torch.Tensor]]:
+    """(name, full tensor) for the parameters `module` holds itself (not its children's).
+
+    ZeRO-2: the parameters as they are. ZeRO-3: gathered and copied, because vLLM may buffer tensors until a
+    whole layer has arrived and the gathered storage is freed when the gather ends. A collective under ZeRO-3:
+    every rank must call it for the same module.
+    """
+    own = list(module.named_parameters(recurse=False))
+    if zero_stage < 3 or not own:
+        return [(name, p.detach()) for name, p in own]
+    with deepspeed.zero.GatheredParameters([p for _, p in own]):
+        return [(name, p.detach().clone()) for name, p in own]
 
 
 # vLLM's own dispatch, kept before keep_cpu_linear_weights replaces the module attribute.
