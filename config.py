@@ -53,7 +53,7 @@ class Config:
     """Every setting of a run. `config.toml` sets any subset; unknown keys and wrong types are errors."""
 
     # --- model
-    model: str = _key("models/SmolLM2-135M-Instruct", "policy to train: a Hugging Face model folder")
+    model: str = _key("models/Qwen2.5-Coder-0.5B-Instruct", "policy to train: a Hugging Face model folder")
     dtype: str = _key("auto", "auto (bfloat16 on a GPU that has it, else float32), float32 or bfloat16")
     gradient_checkpointing: bool = _key(False, "recompute activations in backward to save memory")
     # --- data
