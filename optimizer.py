@@ -12,6 +12,23 @@ import torch
 from config import Config
 
 
+def torch_adam_params() -> dict:
+    """The optimizer parameters that make DeepSpeed build torch's fused AdamW instead of its own FusedAdam.
+
+    DeepSpeed 0.19.8 picks the Adam class in `DeepSpeedEngine.get_optimizer_configuration`
+    (deepspeed/runtime/engine.py lines 2377-2409): with `torch_adam` it returns `torch.optim.AdamW` (lines
+    2378-2382; `fused` stays among the keyword arguments, line 2493: `adam_optimizer(model_parameters,
+    **optimizer_parameters, ...)`), else, without CPU offload, `deepspeed.ops.adam.FusedAdam` (lines 2402-2409),
+    whose CUDA kernel is compiled by DeepSpeed's op builder at first use and needs nvcc and the CUDA headers,
+    which runtime-only images lack. torch's fused AdamW ships compiled in torch for CUDA and for the CPU, so the
+    same choice holds on both: on the CPU one pass over the flat ZeRO partition instead of a dozen (SmolLM2:
+    0.41 s -> 0.07 s per update, measured here); on CUDA both are one multi-tensor kernel per group of tensors
+    (not measured here: no GPU; docs/DESIGN.md, "The optimizer on GPUs"). With `offload_optimizer` the
+    optimizer is DeepSpeed's CPU Adam (lines 2384-2400), which these keys would bypass, so they are left out.
+    """
+    return {"torch_adam": True, "fused": True}
+
+
 def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dict:
     """The DeepSpeed config, built from ours (no separate JSON to keep in step)."""
     micro = cfg.sequences_per_micro_batch
@@ -29,10 +46,8 @@ def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dic
         return ds
     ds["gradient_clipping"] = cfg.max_grad_norm
     params = {"lr": cfg.learning_rate, "betas": list(cfg.adam_betas), "eps": 1e-8, "weight_decay": cfg.weight_decay}
-    if not torch.cuda.is_available() and not cfg.offload_optimizer:
-        # DeepSpeed's fused Adam is a CUDA kernel; on the CPU, torch's AdamW with its fused CPU kernel: one pass
-        # over the flat ZeRO partition instead of a dozen (SmolLM2: 0.41 s -> 0.07 s per update, measured here).
-        params |= {"torch_adam": True, "fused": True}
+    if not cfg.offload_optimizer:
+        params |= torch_adam_params()
     ds["optimizer"] = {"type": "AdamW", "params": params}
     if cfg.offload_optimizer:
         ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}

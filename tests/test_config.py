@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -173,9 +174,28 @@ def test_deepspeed_batch_arithmetic():
     assert ds["train_micro_batch_size_per_gpu"] == 14
     assert ds["train_batch_size"] == 14 * 8 * 4
     assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 1.0
-    assert ds["optimizer"]["params"].get("fused") is (not torch.cuda.is_available())  # torch's fused CPU AdamW
+    assert ds["optimizer"]["params"]["torch_adam"] is True and ds["optimizer"]["params"]["fused"] is True
     reference = optimizer.deepspeed_config(Config(zero_stage=3), world_size=1, dtype=torch.float32, train=False)
     assert "optimizer" not in reference and reference["zero_optimization"]["stage"] == 3
+
+
+def test_the_optimizer_is_torchs_fused_adamw_on_a_gpu_too(monkeypatch):
+    """DeepSpeed's FusedAdam compiles a CUDA kernel at first use (nvcc needed); with `torch_adam` DeepSpeed's own
+    selection (engine.py lines 2377-2409, called as it is here) returns torch's AdamW, and `fused` reaches it."""
+    from deepspeed.ops.adam import FusedAdam
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the config as a GPU machine builds it
+    params = dict(optimizer.deepspeed_config(Config(), world_size=8, dtype=torch.bfloat16, train=True)["optimizer"]["params"])
+    engine = SimpleNamespace(zero_use_cpu_optimizer=lambda: False)  # what the method reads besides its arguments
+    chosen, extra = DeepSpeedEngine.get_optimizer_configuration(engine, params, True)
+    assert chosen is torch.optim.AdamW and params["fused"] is True and "torch_adam" not in params
+    # without the keys DeepSpeed would take its own kernel: the keys are what decide
+    plain = {"lr": 1e-6, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
+    assert DeepSpeedEngine.get_optimizer_configuration(engine, plain, True)[0] is FusedAdam
+    # with the optimizer on the host, DeepSpeed's CPU Adam: the keys are left out
+    offload = optimizer.deepspeed_config(Config(offload_optimizer=True), world_size=8, dtype=torch.bfloat16, train=True)
+    assert "torch_adam" not in offload["optimizer"]["params"]
 
 
 def test_learning_rate_schedule():
