@@ -120,6 +120,8 @@ class Config:
     save_every: int = _key(50, "checkpoint every N steps (the last step is always saved; 0 = only the last)")
     keep_checkpoints: int = _key(2, "how many checkpoints to keep")
     max_bad_steps: int = _key(3, "stop after this many steps in a row with a non-finite loss")
+    dist_timeout_minutes: float = _key(60.0, "how long a collective may wait for the other ranks, e.g. while rank 0 "
+                                       "writes a checkpoint's policy/ (DeepSpeed's default: 10)")
     tensorboard: bool = _key(False, "also log to TensorBoard (OUTPUT_DIR/tensorboard)")
     wandb_project: str = _key("", "also log to this Weights & Biases project (needs `pip install wandb`)")
 
@@ -252,6 +254,8 @@ def _validate(path: Path, cfg: Config) -> None:
         raise bad("lora_target_modules", "must be a non-empty list of module names, e.g. [\"q_proj\", \"v_proj\"]")
     if len(cfg.adam_betas) != 2:
         raise bad("adam_betas", "need two numbers")
+    if not cfg.dist_timeout_minutes > 0:
+        raise bad("dist_timeout_minutes", "must be positive")
 
 
 def describe_config() -> str:

@@ -6,6 +6,7 @@ they are in the environment when those libraries start.
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Collection, Sequence
 
@@ -40,10 +41,22 @@ def single_process_defaults() -> None:
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
 
 
-def init_distributed() -> tuple[int, int]:
-    """Join the launcher's process group (a plain `python canoe.py` is a world of one); returns (rank, world)."""
+def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
+    """Join the launcher's process group (a plain `python canoe.py` is a world of one); returns (rank, world).
+
+    `timeout_minutes` (the config's `dist_timeout_minutes`) is how long any collective of the group may wait.
+    DeepSpeed 0.19.8 gives its group 10 minutes unless DEEPSPEED_TIMEOUT says otherwise
+    (deepspeed/constants.py line 19, the default of `init_distributed`'s `timeout`, deepspeed/comm/comm.py line
+    848, passed to `torch.distributed.init_process_group` in deepspeed/comm/torch.py lines 266-268). A checkpoint
+    makes every other rank wait while rank 0 writes `policy/` (16-30 GB for the 8B-14B recipes): DeepSpeed's
+    `save_checkpoint` opens with a barrier on this group (deepspeed/runtime/engine.py line 4900), so on slow
+    shared storage the default would end the run with a timeout.
+    """
     single_process_defaults()
-    deepspeed.init_distributed()
+    if timeout_minutes is None:
+        deepspeed.init_distributed()
+    else:
+        deepspeed.init_distributed(timeout=datetime.timedelta(minutes=timeout_minutes))
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import canoe
 import optimizer
 import preflight
 from config import Config, ConfigError, describe_config, load_config
+from test_sleep_order import process_group, tiny_model  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -290,3 +292,46 @@ def test_a_data_field_named_like_a_reward_keyword_is_refused(field):
     with pytest.raises(canoe.data.DataError, match=f"train.jsonl: field '{field}' has the name of a keyword"):
         preflight.check_reward_fields(rows, "train.jsonl")
     preflight.check_reward_fields(rows[:1], "train.jsonl")  # no clash: nothing raised
+
+
+# --- the GPU path's set-up (issue 30, item 5)
+
+
+def test_the_policy_loads_in_the_training_dtype_with_what_deepspeed_would_have_made_of_float32(tmp_path, process_group):
+    """Loading in bfloat16 gives DeepSpeed's engine the same parameters and float32 buffers as loading in float32
+    and letting the engine cast (engine.py lines 2080-2088), without the float32 copy on the host."""
+    import deepspeed
+
+    tiny_model().save_pretrained(tmp_path)
+    assert next(canoe.load_policy(str(tmp_path), torch.float32).parameters()).dtype == torch.float32  # the CPU run
+    engines = []
+    for load_dtype in (torch.float32, torch.bfloat16):
+        model = canoe.load_policy(str(tmp_path), load_dtype)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
+                                          config=optimizer.deepspeed_config(Config(), 1, torch.bfloat16, train=True))
+        engines.append(engine.module)
+    cast, loaded = engines
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    assert all(torch.equal(a, b) for a, b in zip(cast.parameters(), loaded.parameters()))
+    buffers = dict(loaded.named_buffers())
+    assert buffers and all(buffers[n].dtype == torch.float32 and torch.equal(b, buffers[n])
+                           for n, b in cast.named_buffers())
+
+
+def test_the_process_group_timeout_is_the_configs(monkeypatch, tmp_path):
+    """DeepSpeed's group times out after 10 minutes by default (deepspeed/constants.py line 19); a checkpoint's
+    policy/ written by rank 0 on slow storage keeps the other ranks in a barrier longer than that."""
+    import datetime
+
+    import runtime
+    from deepspeed import constants
+
+    assert constants.default_pg_timeout == datetime.timedelta(minutes=int(os.environ.get("DEEPSPEED_TIMEOUT", 10)))
+    seen = []
+    monkeypatch.setattr(runtime.deepspeed, "init_distributed", lambda **kwargs: seen.append(kwargs))
+    monkeypatch.setattr(runtime.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(runtime.dist, "get_world_size", lambda: 1)
+    assert runtime.init_distributed(Config().dist_timeout_minutes) == (0, 1)
+    assert seen == [{"timeout": datetime.timedelta(minutes=60)}]
+    with pytest.raises(ConfigError, match="dist_timeout_minutes"):
+        load_config(write(tmp_path, "dist_timeout_minutes = 0\n"))
