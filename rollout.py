@@ -12,9 +12,8 @@ vLLM's log-probabilities of a fixed probe completion with the trainer's: a sync 
 common bug in GRPO trainers.
 
 Sampling is seeded from the run seed, the step, the rank and the stage, so a resumed run draws exactly the
-samples the uninterrupted run would have drawn. vLLM runs in-process, so this is done by seeding torch's
-generator right before each `generate` call. (vLLM's per-request `SamplingParams(seed=...)` fails on its CPU
-backend with `n>1`, and with `n=1` whenever a prompt's prefill is split over two scheduler steps.)
+samples the uninterrupted run would have drawn: on CUDA every request carries its own seed, on the CPU torch's
+generator is seeded right before each `generate` call (`seeds_per_request` says why the two differ).
 
 Deliberate difference from the original CANOE code: the original builds the stage-2 prompt with
 `re.sub(pattern, f"<context>{re.escape(long_answer)}</context>", ...)`, which leaves a backslash before every
@@ -98,6 +97,38 @@ def request_seed(*parts: int | str) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def seeds_per_request() -> bool:
+    """Whether each request carries its own seed (`SamplingParams.seed`): on CUDA, not on the CPU.
+
+    On CUDA, vLLM 0.32's default (V2) model runner draws the seed of a request that has none from numpy's global
+    generator (vllm/v1/worker/gpu/sample/states.py lines 54-58: `np.random.randint(...)`), which the worker seeds
+    with the engine seed (vllm/utils/torch_utils.py lines 542-553, called from v1/worker/gpu_worker.py lines 522
+    and 1062-1064) and a data-parallel index that is 0 for our engines (we start each with data parallel size 1,
+    so vllm/config/parallel.py lines 978-989 never set a rank, line 1029): every rank would sample the same
+    noise, and `--resume`,
+    which saves torch's RNG, not numpy's, would not redraw the uninterrupted run's samples. A request with a
+    seed samples from that seed and the token position alone (v1/worker/gpu/sample/gumbel.py, `gumbel_sample`
+    with the per-request `seeds`; sampler.py lines 305-312 keep seeded requests off the unseeded fused sampler),
+    and a request with n > 1 gives its i-th sample the seed + i (v1/engine/parallel_sampling.py lines 69-81).
+    The V1 runner, which vLLM falls back to where V2 lacks a feature, gives a seeded request its own CUDA
+    generator, which works as well.
+
+    On the CPU vLLM runs the V1 runner (its Triton has no CPU backend, vllm/triton_utils/importing.py lines
+    36-45, so vllm/config/vllm.py lines 724-728 choose V1), which gives a seeded request a torch CPU generator
+    and moves it back 4 draws whenever a sampled token is discarded, as after a prefill split over two
+    scheduler steps (v1/worker/gpu_model_runner.py lines 3499-3502, `gen.set_offset(gen.get_offset() - 4)`):
+    a CPU generator has no offset, so that raises ("CPU Generator does not use offset"). There the unseeded
+    requests sample from torch's global generator, which `_sample` seeds; the CPU run's samples are unchanged.
+    """
+    return torch.cuda.is_available()
+
+
+def prompt_seed(seed: int, index: int) -> int:
+    """The seed of the `index`-th prompt of a `generate` call whose draw is `seed` (`request_seed`): 62 bits, so
+    that vLLM's seed + i of the i-th sample stays a signed 64-bit integer (its seeds are int64 arrays)."""
+    return request_seed(seed, index) >> 1
+
+
 def make_engine(
     model_path: str,
     *,
@@ -145,10 +176,15 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
             max_tokens: int) -> list[Completion]:
     """`n` samples per prompt, prompt-major: returns len(prompts)·n completions.
 
-    vLLM runs in this process, so it samples with this process's torch generator: seeding it right before the
-    call makes the draw a function of `seed` alone (the trainer's own RNG stream is saved and restored around it).
+    The draw is a function of `seed` alone (`seeds_per_request`). On CUDA each prompt's request carries its own
+    seed (`prompt_seed`). On the CPU vLLM samples in this process with this process's torch generator: seeding
+    it right before the call does it (the trainer's own RNG stream is saved and restored around it).
     """
-    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
+    settings = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
+    if seeds_per_request():
+        params = [SamplingParams(**settings, seed=prompt_seed(seed, index)) for index in range(len(prompts))]
+    else:
+        params = SamplingParams(**settings)
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)

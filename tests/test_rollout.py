@@ -6,6 +6,7 @@ import doctest
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -168,3 +169,90 @@ def test_a_sleeping_engine_offloads_its_cuda_graphs(monkeypatch):
         rollout.make_engine("m", dtype="bfloat16", seed=0, max_model_len=64, gpu_memory_utilization=0.5,
                             enable_sleep_mode=sleep)
     assert [(k["enable_sleep_mode"], k["sleep_mode_offload_cudagraph"]) for k in seen] == [(True, True), (False, False)]
+
+
+# ---------------------------------------------------------------------------- seeds on CUDA (issue 30, item 2)
+
+
+class V2SamplingEngine:
+    """vLLM 0.32's `LLM.generate` on CUDA with the default (V2) model runner, as far as seeding goes:
+    - a request without a seed gets one from numpy's global generator, which the worker seeded with the engine
+      seed and no rank (v1/worker/gpu/sample/states.py lines 54-58; utils/torch_utils.py lines 542-553): each
+      engine here has its own numpy generator seeded like that, as each rank's process has;
+    - the i-th of a request's n samples has the seed + i (v1/engine/parallel_sampling.py lines 69-81);
+    - a sample's token at position t is drawn from its seed and t alone (gumbel.py, `gumbel_sample`).
+    The torch generator, which `rollout._sample` seeds, plays no part, as on CUDA."""
+
+    def __init__(self, engine_seed: int):
+        self.numpy = np.random.RandomState(engine_seed)
+
+    def generate(self, prompts, params, use_tqdm=False):
+        from types import SimpleNamespace
+
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        assert len(params) == len(prompts)
+        outputs = []
+        for request in params:
+            samples = []
+            for index in range(request.n):  # each sample is a child request of its own
+                if request.seed is None:
+                    seed = int(self.numpy.randint(-2**63, 2**63 - 1, dtype=np.int64))
+                else:
+                    seed = request.seed + index
+                assert -2**63 <= seed < 2**63  # vLLM keeps seeds in int64 arrays
+                tokens = [rollout.request_seed(seed, t) % 50 for t in range(request.max_tokens)]
+                samples.append(SimpleNamespace(text=" ".join(map(str, tokens)), token_ids=tokens, index=index,
+                                               logprobs=[{t: SimpleNamespace(logprob=-1.0)} for t in tokens],
+                                               finish_reason="length"))
+            outputs.append(SimpleNamespace(outputs=samples))
+        return outputs
+
+
+def stage1(engine, step: int, rank: int) -> list[tuple[int, ...]]:
+    completions = rollout.generate_stage1(engine, [[1, 2, 3], [4, 5]], num_generations=3, temperature=0.9, top_p=1.0,
+                                          max_tokens=6, seed=42, step=step, rank=rank)
+    return [c.token_ids for c in completions]
+
+
+def test_on_cuda_every_request_carries_its_own_seed_so_ranks_differ_and_a_resume_redraws(monkeypatch):
+    monkeypatch.setattr(rollout, "seeds_per_request", lambda: True)
+    rank0, rank1 = V2SamplingEngine(42), V2SamplingEngine(42)  # every rank's engine has the run's seed
+    run0 = [stage1(rank0, step, 0) for step in range(3)]
+    assert run0[2] != stage1(rank1, 2, 1)  # the ranks draw their own samples
+    assert stage1(V2SamplingEngine(42), 2, 0) == run0[2]  # a fresh engine (a resumed run) redraws step 2 exactly
+    samples = run0[0]
+    assert len(set(samples)) == 6  # 2 prompts × 3 samples, all different
+
+
+def test_without_request_seeds_the_cuda_engine_samples_alike_on_every_rank_and_a_resume_differs(monkeypatch):
+    """What the per-request seeds fix, shown on the same stand-in: the seeding of the CPU path (torch's
+    generator) does not reach the V2 runner's numpy draw."""
+    monkeypatch.setattr(rollout, "seeds_per_request", lambda: False)
+    rank0, rank1 = V2SamplingEngine(42), V2SamplingEngine(42)
+    assert stage1(rank0, 0, 0) == stage1(rank1, 0, 1)  # the same noise on both ranks
+    later = stage1(rank0, 1, 0)
+    assert stage1(V2SamplingEngine(42), 1, 0) != later  # a resumed engine does not redraw step 1
+
+
+def test_prompt_seeds_fit_vllm_and_the_cpu_path_sends_none(monkeypatch):
+    from vllm import SamplingParams
+
+    seeds = [rollout.prompt_seed(rollout.request_seed(s, "stage1", step, 0), i) for s in (0, 42) for step in range(50)
+             for i in range(4)]
+    assert len(set(seeds)) == len(seeds) and all(0 <= s < 2**62 for s in seeds)
+    assert SamplingParams(n=7, seed=max(seeds)).seed == max(seeds)  # vLLM takes it as it is
+    assert rollout.seeds_per_request() is torch.cuda.is_available()
+    seen = []
+
+    class Recording(V2SamplingEngine):
+        def generate(self, prompts, params, use_tqdm=False):
+            seen.append(params)
+            return super().generate(prompts, params)
+
+    monkeypatch.setattr(rollout, "seeds_per_request", lambda: False)  # the CPU: one request setting, no seed
+    stage1(Recording(0), 0, 0)
+    assert not isinstance(seen[-1], list) and seen[-1].seed is None
+    monkeypatch.setattr(rollout, "seeds_per_request", lambda: True)
+    stage1(Recording(0), 0, 0)
+    assert [p.seed for p in seen[-1]] == [rollout.prompt_seed(rollout.request_seed(42, "stage1", 0, 0), i)
+                                          for i in range(2)]
