@@ -99,6 +99,7 @@ class Run:
     bad_steps_total: int = 0
     times: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per phase of the current step
     last_step: Any = None  # the latest Step, for samples.jsonl
+    checksum: torch.dtype | None = None  # the engine's dtype where pushes are also checked by weight sums
 
     @property
     def reward_weights(self) -> torch.Tensor:
@@ -172,7 +173,7 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     grader = MathGrader(workers=cfg.reward_workers, deadline_s=cfg.reward_deadline_s)
     probe = make_probe(tokenizer, rows[0])
     run = Run(cfg, rank, world_size, device, tokenizer, engine, reference, llm, rows, sampler, grader, total_steps,
-              probe, sleep, out)
+              probe, sleep, out, checksum=None if dtype == torch.float32 else dtype)
     if resume:
         restore(run)
     return run
@@ -274,11 +275,11 @@ def train_step(run: Run) -> Step:
         skip_or_stop_on_nonfinite(run, [loss for loss, _ in losses[-len(batches):]])
 
     # 6. Wake vLLM's weights, push the new ones into them and prove that they arrived (the engine is awake again).
-    push_seconds, sync_diff = push_and_verify(run)
+    push_seconds, sync_diff, push_metrics = push_and_verify(run)
 
     run.step += 1
     return Step(rows, completions, stage2, rewards, reward_means, kept, losses, batches, push_seconds, sync_diff,
-                zero_variance_groups(rewards, G))
+                zero_variance_groups(rewards, G), push_metrics)
 
 
 def sampling(run: Run) -> dict[str, Any]:
@@ -470,9 +471,12 @@ def skip_or_stop_on_nonfinite(run: Run, losses: list[torch.Tensor]) -> None:
 
 
 @timed("weight_push")
-def push_and_verify(run: Run) -> tuple[float, float]:
+def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
     """Push the weights into vLLM, then compare vLLM's and the trainer's logprobs of the probe completion; raises
-    rollout.WeightSyncError when they disagree. Returns (push seconds, max |difference|).
+    rollout.WeightSyncError when they disagree. Returns (push seconds, max |difference|, more sync/ metrics).
+    Outside float32 the probe's tolerance must leave room for two sets of bf16 kernels, so the weights' sums are
+    compared too (rollout.check_weight_sums: exact, blind to the kernels); with LoRA the share of the adapters'
+    update that the merged weights deliver is logged (lora.DeltaShare).
 
     With sleep mode the engine arrives asleep (step 1 put it to sleep): its weights are woken first, because a
     push into a sleeping engine faults on unmapped memory (or, at level 1, is undone by the host copy put back at
@@ -480,7 +484,12 @@ def push_and_verify(run: Run) -> tuple[float, float]:
     """
     rollout.wake_weights(run.llm, run.sleep)
     # With LoRA vLLM gets the merged weights W + s·B·A; the trainer's modules stay unmerged (lora.py).
-    push_seconds = rollout.push_weights(run.llm, lora.policy_weights(run.engine.module, run.cfg.zero_stage))
+    share, sums = lora.DeltaShare(), rollout.WeightSums()
+    weights = lora.policy_weights(run.engine.module, run.cfg.zero_stage, share)
+    push_seconds = rollout.push_weights(run.llm, rollout.summed(weights, sums, run.checksum) if run.checksum else weights)
+    more = share.metrics() if lora.is_lora(run.engine.module) else {}
+    if run.checksum:
+        more["sync/weight_sums_gap"] = rollout.check_weight_sums(sums, rollout.engine_weight_sums(run.llm))
     rollout.wake_kv_cache(run.llm, run.sleep)
     prompt, completion = run.probe
     run.engine.eval()
@@ -488,7 +497,7 @@ def push_and_verify(run: Run) -> tuple[float, float]:
         trainer = packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])], run.device))[0]
     run.engine.train()
     vllm = rollout.vllm_token_logprobs(run.llm, prompt, completion)
-    return push_seconds, rollout.check_sync(vllm, trainer, run.cfg.sync_tolerance)
+    return push_seconds, rollout.check_sync(vllm, trainer, run.cfg.sync_tolerance), more
 
 
 # ==============================================================================================================

@@ -91,30 +91,84 @@ def hf_name(name: str) -> str:
     return name.removeprefix(PEFT_PREFIX)
 
 
-def merged_weights(layer: LoraLayer) -> dict[str, torch.Tensor]:
+class DeltaShare:
+    """How much of the adapters' update s·B·A survives in the merged weights W + s·B·A that vLLM receives.
+
+    The merged weight is held in the weights' dtype. In bfloat16 (8 bits of mantissa) an entry of s·B·A smaller
+    than half a bfloat16 step of its W rounds away: W + Δ == W. DeepSpeed casts every parameter to bfloat16,
+    the adapters included (deepspeed/runtime/engine.py lines 2080-2088), and PEFT's `get_delta_weight` computes
+    s·B·A in the adapters' dtype (peft/tuners/lora/layer.py lines 1044-1072; upcast to float32 only on the CPU,
+    line 1058, and cast back, lines 1069-1070), so early in a LoRA run in bfloat16 (B starts at 0) a merged push
+    would make vLLM sample nearly the base model while the trainer computes the adapters. `add` accumulates, over the adapted modules
+    of one push, ||Δ||² and ||round(W + Δ) − W||² and ||round(W + Δ) − W − Δ||², with Δ in float32; `metrics`
+    gives `sync/lora_delta_reached` = ||round(W + Δ) − W|| / ||Δ|| (about 1 when the update arrives, 0 when it
+    is lost) and `sync/lora_delta_error` = ||round(W + Δ) − W − Δ|| / ||Δ|| (0 when it arrives exactly). Both are
+    1 and 0 when Δ = 0 (nothing to deliver). In float32, the CPU default, the error is ~1e-7 · ||W|| / ||Δ||.
+    """
+
+    def __init__(self):
+        self.delta = self.reached = self.error = 0.0  # sums of squares
+
+    @torch.no_grad()
+    def add(self, base: torch.Tensor, merged: torch.Tensor, delta: torch.Tensor) -> None:
+        reached = merged.float() - base.float()
+        self.delta += float(delta.float().square().sum())
+        self.reached += float(reached.square().sum())
+        self.error += float((reached - delta.float()).square().sum())
+
+    def metrics(self) -> dict[str, float]:
+        if self.delta == 0:
+            return {"sync/lora_delta_reached": 1.0, "sync/lora_delta_error": 0.0}
+        return {"sync/lora_delta_reached": (self.reached / self.delta) ** 0.5,
+                "sync/lora_delta_error": (self.error / self.delta) ** 0.5}
+
+
+def merged_weights(layer: LoraLayer, share: DeltaShare | None = None) -> dict[str, torch.Tensor]:
     """`{"weight": W + s·B·A, "bias": b}` of one adapted layer, as new tensors (the layer is not changed).
 
     The delta comes from PEFT's own `get_delta_weight` (the rule its `merge()` applies), summed over the active
-    adapters. The caller gathers the layer's parameters first under ZeRO-3.
+    adapters. The caller gathers the layer's parameters first under ZeRO-3. `share` (optional) records how much
+    of the delta the merged weight, in the weights' dtype, holds (`DeltaShare`); the delta it is compared with is
+    s·B·A computed in float32 from the adapters' values.
     """
     base = layer.get_base_layer()
     weight = base.weight.detach().clone()
+    deltas = []
     for adapter in layer.active_adapters:
         if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
-            weight += layer.get_delta_weight(adapter).detach().to(weight.dtype)
+            deltas.append(layer.get_delta_weight(adapter).detach())
+            weight += deltas[-1].to(weight.dtype)
+    if share is not None and deltas:  # in float32 PEFT's delta is the exact one already
+        exact = sum(deltas) if all(d.dtype == torch.float32 for d in deltas) else exact_delta(layer)
+        share.add(base.weight.detach(), weight, exact)
     merged = {"weight": weight}
     if getattr(base, "bias", None) is not None:
         merged["bias"] = base.bias.detach().clone()
     return merged
 
 
-def policy_weights(model: torch.nn.Module, zero_stage: int) -> Iterator[tuple[str, torch.Tensor]]:
+@torch.no_grad()
+def exact_delta(layer: LoraLayer) -> torch.Tensor:
+    """Σ over the active adapters of s·B·A in float32 (PEFT's `get_delta_weight` rule for a linear layer, computed
+    from the adapters' values upcast first, as PEFT does on the CPU), the update the merge should deliver."""
+    delta = torch.zeros(layer.get_base_layer().weight.shape, dtype=torch.float32,
+                        device=layer.get_base_layer().weight.device)
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A:
+            product = layer.lora_B[adapter].weight.float() @ layer.lora_A[adapter].weight.float()
+            delta += (product.T if layer.fan_in_fan_out else product) * layer.scaling[adapter]
+    return delta
+
+
+def policy_weights(model: torch.nn.Module, zero_stage: int,
+                   share: DeltaShare | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (Hugging Face name, full tensor) of every weight of the policy, as vLLM and a model folder hold them.
 
     A plain model: its parameters (rollout.iter_full_parameters). A PEFT model: every adapted module's merged
     weight W + s·B·A (`merged_weights`) and every other parameter as it is, under the base model's names; the
     adapters themselves are not yielded. Under ZeRO-3 one module at a time is gathered, and every rank must
-    consume the iterator in step (a gather is a collective).
+    consume the iterator in step (a gather is a collective). `share` records how much of each adapted module's
+    delta its merged weight holds (`DeltaShare`).
     """
     if not is_lora(model):
         yield from iter_full_parameters(model, zero_stage)
@@ -126,7 +180,7 @@ def policy_weights(model: torch.nn.Module, zero_stage: int) -> Iterator[tuple[st
         if isinstance(module, LoraLayer):
             adapted.append(name)
             with _gathered(list(module.parameters()), zero_stage):
-                merged = merged_weights(module)
+                merged = merged_weights(module, share)
             yield from ((f"{hf_name(name)}.{key}", tensor) for key, tensor in merged.items())
             continue
         yield from ((hf_name(f"{name}.{key}"), tensor) for key, tensor in own_full_parameters(module, zero_stage))

@@ -6,7 +6,8 @@ fraction, ratios, importance weights), `completion/*`, `stage2/*`, `sync/*`, `tr
 `perf/tokens_per_s`. How a rank's values become the run's (`step_metrics`, with runtime.reduce_over_ranks):
 - counts are summed over ranks (COUNT_KEYS: `reward/issues`, `reward/timeouts`, `reward/grader_errors`,
   `stage2/too_long`): one grader error on one rank of eight logs 1, not 0.125;
-- maxima take the largest value of any rank (MAX_KEYS: `completion/length_max`, `sync/push_max_abs_diff`);
+- maxima take the largest value of any rank (MAX_KEYS: `completion/length_max`, `sync/push_max_abs_diff`,
+  `sync/weight_sums_gap`);
 - values that are already the same on every rank are logged as they are (GLOBAL_KEYS): the `loss/*` metrics of
   grpo_loss, whose sums, minima and maxima are all-reduced before they are turned into means, and
   `train/bad_steps_total`, which every rank counts alike (the non-finite check is all-reduced);
@@ -26,7 +27,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -94,12 +95,13 @@ class Step:
     push_seconds: float
     sync_diff: float  # max |vLLM − trainer| log-prob of the probe after the push
     zero_variance: torch.Tensor  # (B,) bool, groups whose rewards were all equal
+    push_metrics: dict[str, float] = field(default_factory=dict)  # sync/weight_sums_gap, sync/lora_delta_* (canoe)
 
 
 GLOBAL_KEYS = {"loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
                "loss/importance_mean", "loss/importance_capped_frac", "train/bad_steps_total"}
 COUNT_KEYS = {"reward/issues", "reward/timeouts", "reward/grader_errors", "stage2/too_long"}
-MAX_KEYS = {"completion/length_max", "sync/push_max_abs_diff"}
+MAX_KEYS = {"completion/length_max", "sync/push_max_abs_diff", "sync/weight_sums_gap"}
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
 
@@ -141,6 +143,7 @@ def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
         "train/trained_frac": float(step.kept.float().mean()),
         "sync/push_max_abs_diff": step.sync_diff,
         "sync/push_seconds": step.push_seconds,
+        **step.push_metrics,
         "train/lr": run.engine.get_lr()[0],
         "train/grad_norm": float(run.engine.get_global_grad_norm() or 0.0),
         "train/bad_steps_total": run.bad_steps_total,

@@ -395,6 +395,81 @@ def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tole
     return worst
 
 
+@dataclass
+class WeightSums:
+    """Σw, Σ|w| and Σw² in float64 over a set of weight tensors: a checksum of a push that needs no name mapping.
+
+    vLLM holds some weights fused (q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj`) and pads the
+    vocabulary rows of the embedding with zeros at every load (vllm/model_executor/layers/vocab_parallel_embedding.py
+    lines 519-520), so its parameters are not the pushed tensors one for one, but sums over them are the same:
+    the sums over what the trainer pushed equal the sums over the engine's parameters exactly when every pushed
+    value landed (up to float64 summation order, ~1e-15 relatively). Computed in chunks, so that no float64 copy
+    of a whole tensor is made.
+    """
+
+    total: float = 0.0
+    absolute: float = 0.0
+    squares: float = 0.0
+
+    CHUNK = 1 << 24
+
+    @torch.no_grad()
+    def add(self, tensor: torch.Tensor) -> None:
+        for chunk in tensor.detach().reshape(-1).split(self.CHUNK):
+            chunk = chunk.double()
+            self.total += float(chunk.sum())
+            self.absolute += float(chunk.abs().sum())
+            self.squares += float(chunk.square().sum())
+
+
+# Relative disagreement of two WeightSums above which a push did not land (float64 summation in another order
+# differs by ~1e-15; one step of a bf16 run changes the sums by far more, see check_weight_sums).
+WEIGHT_SUMS_TOLERANCE = 1e-10
+
+
+def summed(weights: Iterable[tuple[str, torch.Tensor]], sums: WeightSums,
+           dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """`weights` passed on unchanged, each added to `sums` as the engine will hold it (cast to its `dtype`)."""
+    for name, tensor in weights:
+        sums.add(tensor.to(dtype))
+        yield name, tensor
+
+
+def _engine_sums_worker(worker) -> WeightSums:
+    sums = WeightSums()
+    for param in worker.model_runner.model.parameters():
+        sums.add(param)
+    return sums
+
+
+def engine_weight_sums(llm) -> WeightSums:
+    """The WeightSums of the engine's parameters (vLLM calls a function given to `collective_rpc` with its worker;
+    one worker here, tensor parallel 1). Shared parameters count once, as in the trainer's `named_parameters`."""
+    return llm.collective_rpc(_engine_sums_worker)[0]
+
+
+def check_weight_sums(pushed: WeightSums, engine: WeightSums, tolerance: float = WEIGHT_SUMS_TOLERANCE) -> float:
+    """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns the larger relative gap.
+
+    What it detects: any pushed value that did not land as sent (a stale or partial push, a push into an engine
+    whose memory was remapped, weights that vLLM changed after loading). Σw and Σw² both move unless the changes
+    cancel in both, which a step's update does not do: in bfloat16 a weight that changes moves by one rounding step
+    (2^-8 of its size), so a step that changes K of N weights of mean square w² moves Σw² by about
+    2^-7 · sqrt(K) · w², a relative change of ~1e-8 for K = 1e6 of N = 8e9, far above the tolerance (1e-10) and
+    far below what the probe can see. What it cannot detect: an engine that computes wrongly from the right
+    weights (stale packed CPU kernels, an adapter applied wrongly) and weights vLLM holds that are not pushed; the
+    probe (`check_sync`) covers the first within its tolerance.
+    """
+    gap = max(abs(pushed.total - engine.total) / max(pushed.absolute, 1e-30),
+              abs(pushed.squares - engine.squares) / max(pushed.squares, 1e-30))
+    if not gap <= tolerance:
+        raise WeightSyncError(
+            f"weight push failed verification: the engine's weights do not sum to what was pushed (Σw {engine.total:.12g} "
+            f"vs {pushed.total:.12g}, Σw² {engine.squares:.12g} vs {pushed.squares:.12g}; relative gap {gap:.3g}, "
+            f"tolerance {tolerance:g}). Some pushed values did not land; stopping.")
+    return gap
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Memory hand-over between vLLM and the trainer
 

@@ -82,7 +82,9 @@ class SleepModeEngine:
         self.asleep -= set(tags)
 
     @torch.no_grad()
-    def collective_rpc(self, method: str, kwargs: dict) -> None:
+    def collective_rpc(self, method, kwargs: dict | None = None):
+        if callable(method):  # vLLM calls a function with each worker (entrypoints/llm.py lines 574-595); one here
+            return [method(SimpleNamespace(model_runner=SimpleNamespace(model=self.model)))]
         assert method == "reload_weights", method
         self.events.append("reload_weights")
         if "weights" in self.asleep:
