@@ -100,6 +100,7 @@ class Run:
     times: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per phase of the current step
     last_step: Any = None  # the latest Step, for samples.jsonl
     checksum: torch.dtype | None = None  # the engine's dtype where pushes are also checked by weight sums
+    adapter: Any = None  # lora.AdapterPush where vLLM applies the LoRA adapter itself (cfg.pushes_adapter)
 
     @property
     def reward_weights(self) -> torch.Tensor:
@@ -168,12 +169,14 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     llm = rollout.make_engine(cfg.model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens,
                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=sleep,
-                              cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib)
+                              cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib,
+                              lora_rank=cfg.lora_rank if cfg.pushes_adapter(dtype) else 0)
 
     grader = MathGrader(workers=cfg.reward_workers, deadline_s=cfg.reward_deadline_s)
     probe = make_probe(tokenizer, rows[0])
     run = Run(cfg, rank, world_size, device, tokenizer, engine, reference, llm, rows, sampler, grader, total_steps,
-              probe, sleep, out, checksum=None if dtype == torch.float32 else dtype)
+              probe, sleep, out, checksum=None if dtype == torch.float32 else dtype,
+              adapter=lora.AdapterPush(out / "vllm-adapter" / f"rank-{rank}") if cfg.pushes_adapter(dtype) else None)
     if resume:
         restore(run)
     return run
@@ -220,7 +223,7 @@ def restore(run: Run) -> None:
         for name in ("metrics.jsonl", "samples.jsonl"):
             truncate_log(run.out / name, run.step)
     # vLLM started from the original weights: give it the restored ones.
-    rollout.push_weights(run.llm, lora.policy_weights(run.engine.module, run.cfg.zero_stage))
+    lora.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter)
     print0(f"resumed from {path} at step {run.step}")
 
 
@@ -285,7 +288,7 @@ def train_step(run: Run) -> Step:
 def sampling(run: Run) -> dict[str, Any]:
     cfg = run.cfg
     return dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_tokens, seed=cfg.seed,
-                step=run.step, rank=run.rank)
+                step=run.step, rank=run.rank, lora_request=run.adapter.request if run.adapter else None)
 
 
 def with_prefix(cfg: Config, completion: rollout.Completion | None) -> rollout.Completion | None:
@@ -483,10 +486,10 @@ def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
     wake-up), then the KV cache, which the probe needs. The engine leaves awake, ready for the next rollout.
     """
     rollout.wake_weights(run.llm, run.sleep)
-    # With LoRA vLLM gets the merged weights W + s·B·A; the trainer's modules stay unmerged (lora.py).
+    # With LoRA vLLM gets W + s·B·A merged or W and the adapter (lora.push); the trainer's modules stay unmerged.
     share, sums = lora.DeltaShare(), rollout.WeightSums()
-    weights = lora.policy_weights(run.engine.module, run.cfg.zero_stage, share)
-    push_seconds = rollout.push_weights(run.llm, rollout.summed(weights, sums, run.checksum) if run.checksum else weights)
+    push_seconds = lora.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter, share=share,
+                             sums=sums if run.checksum else None, dtype=run.checksum)
     more = share.metrics() if lora.is_lora(run.engine.module) else {}
     if run.checksum:
         more["sync/weight_sums_gap"] = rollout.check_weight_sums(sums, rollout.engine_weight_sums(run.llm))
@@ -496,7 +499,7 @@ def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
     with torch.no_grad():
         trainer = packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])], run.device))[0]
     run.engine.train()
-    vllm = rollout.vllm_token_logprobs(run.llm, prompt, completion)
+    vllm = rollout.vllm_token_logprobs(run.llm, prompt, completion, run.adapter.request if run.adapter else None)
     return push_seconds, rollout.check_sync(vllm, trainer, run.cfg.sync_tolerance), more
 
 

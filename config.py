@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from data import SYSTEM_PROMPT
 from grpo_loss import ADVANTAGE_STDS, AGGREGATIONS, RATIO_LEVELS, REWARD_AGGREGATIONS
 from rewards import REWARD_FUNCS
@@ -97,6 +99,8 @@ class Config:
     lora_dropout: float = _key(0.0, "dropout on the adapters' input while training (0 keeps the trainer's "
                                "log-probabilities equal to the sampler's)")
     lora_target_modules: list = _key(LORA_TARGETS, "modules (by name) that get adapters: the attention and MLP projections")
+    lora_push: str = _key("auto", "how vLLM gets a LoRA policy: merged (W + s·B·A), adapter (vLLM's LoRA support: "
+                          "W and the adapter apart, nothing lost to rounding) or auto (adapter outside float32)")
     offload_optimizer: bool = _key(False, "keep optimizer state in CPU memory (DeepSpeed CPU Adam)")
     # --- loss (grpo_loss.py; every default is the original CANOE run's)
     beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
@@ -139,6 +143,13 @@ class Config:
         return {"rank": self.lora_rank, "alpha": self.lora_alpha, "dropout": self.lora_dropout,
                 "target_modules": list(self.lora_target_modules), "gradient_checkpointing": self.gradient_checkpointing}
 
+    def pushes_adapter(self, dtype) -> bool:
+        """Whether vLLM gets the LoRA adapter itself (lora.AdapterPush) rather than merged weights: `lora_push`,
+        where "auto" means outside float32 (in bfloat16 a merged update below half a step of W is lost)."""
+        if not self.lora_rank:
+            return False
+        return self.lora_push == "adapter" or (self.lora_push == "auto" and dtype != torch.float32)
+
     def prompt_style(self) -> dict[str, str]:
         """How every prompt is rendered (data.render_prompt's keywords), in training and evaluation alike."""
         return {"system_prompt": self.system_prompt or SYSTEM_PROMPT, "response_prefix": self.response_prefix}
@@ -146,6 +157,7 @@ class Config:
 
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16"),
+    "lora_push": ("auto", "merged", "adapter"),
     "on_long_prompt": ("drop", "error"),
     "lr_scheduler": ("cosine", "constant"),
     "zero_stage": (2, 3),

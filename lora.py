@@ -32,14 +32,18 @@ layer, the MLP included, which is this file's default (Schulman et al., "LoRA Wi
 from __future__ import annotations
 
 import contextlib
+import shutil
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import deepspeed
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 
-from rollout import iter_full_parameters, own_full_parameters
+import rollout
+from rollout import WeightSyncError, iter_full_parameters, own_full_parameters
 
 # PEFT puts the wrapped model under these two attributes: "base_model.model.layers.0..." is "model.layers.0...".
 PEFT_PREFIX = "base_model.model."
@@ -184,6 +188,80 @@ def policy_weights(model: torch.nn.Module, zero_stage: int,
             yield from ((f"{hf_name(name)}.{key}", tensor) for key, tensor in merged.items())
             continue
         yield from ((hf_name(f"{name}.{key}"), tensor) for key, tensor in own_full_parameters(module, zero_stage))
+
+
+def base_weights(model: PeftModel, zero_stage: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (Hugging Face name, full tensor) of every base weight W of a PEFT model, the adapters left out: what an
+    engine that applies the adapter itself (`AdapterPush`) holds. Under ZeRO-3 one module at a time is gathered.
+
+    vLLM's in-place reload finds a LoRA-wrapped layer's weight under its plain name (vllm/model_executor/
+    model_loader/reload/inplace.py lines 21-29, `get_parameter_for_reload` steps into `base_layer`, and lines
+    65-68 list the parameters with ".base_layer." removed when LoRA is on).
+    """
+    for module_name, module in model.named_modules():
+        for key, tensor in own_full_parameters(module, zero_stage):
+            name = f"{module_name}.{key}" if module_name else key
+            if "lora_" not in name:
+                yield hf_name(name).replace(".base_layer.", "."), tensor
+
+
+class AdapterPush:
+    """The adapters themselves pushed into vLLM's LoRA support, so that no update is lost to rounding in W + s·B·A.
+
+    vLLM computes W·x + s·B·(A·x) with the adapter kept apart from W (`LLM(enable_lora=True)`, rollout.make_engine),
+    so an update too small to change a bfloat16 W still reaches the samples (`DeltaShare` measures what a merged
+    push would lose). Each push writes the adapter in PEFT's format into a folder of this rank's and loads it as
+    a NEW adapter id: vLLM loads an id once and then only reuses it (vllm/lora/worker_manager.py lines 289-330,
+    LRUCacheWorkerLoRAManager.add_adapter: an id already in the cache is not read again unless `load_inplace`,
+    and `load_inplace` would re-read the folder at every scheduler step, since the adapters of a batch are
+    applied with add_adapter on each model run, lines 274-287). The engine keeps one adapter (max_loras and
+    max_cpu_loras 1, vllm/config/lora.py lines 35-44 and 120-121), so loading the new one evicts the previous one
+    (worker_manager.py lines 311-315); the push checks that the engine holds exactly the new id and raises
+    rollout.WeightSyncError otherwise. Every request then names it (`request`, passed as `lora_request` to
+    `LLM.generate`). A level-2 sleep discards the LoRA slots with the weights they were allocated beside; the
+    new id is activated into its slot after the weights are woken (canoe.push_and_verify's order), so the slot is
+    rewritten then. With LoRA in vLLM the adapter's own values are held in the engine's dtype (lora_dtype "auto",
+    vllm/config/lora.py lines 138-139): relative rounding of the adapter, not of W + s·B·A.
+    """
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.count = 0
+        self.request = None  # the LoRARequest of the adapter the engine holds
+
+    def push(self, llm, model: PeftModel, zero_stage: int) -> float:
+        """Write the current adapter, load it under a new id and drop the previous folder; returns seconds. Every
+        rank calls it (the adapter's parameters are gathered under ZeRO-3), each writes its own folder."""
+        from vllm.lora.request import LoRARequest
+
+        start = time.perf_counter()
+        state = adapter_state(model, zero_stage)
+        self.count += 1
+        path = self.folder / f"push-{self.count}"
+        model.save_pretrained(str(path), state_dict=state)
+        request = LoRARequest(f"policy-{self.count}", self.count, str(path))
+        llm.llm_engine.add_lora(request)
+        held = set(llm.llm_engine.list_loras())
+        if held != {self.count}:
+            raise WeightSyncError(f"adapter push failed: vLLM holds the adapters {sorted(held)}, not only the new "
+                                  f"{self.count}; the engine would not sample from the adapter being trained")
+        if self.request is not None:
+            shutil.rmtree(self.request.lora_path, ignore_errors=True)
+        self.request = request
+        return time.perf_counter() - start
+
+
+def push(llm, model: torch.nn.Module, zero_stage: int, *, adapter: AdapterPush | None = None,
+         share: DeltaShare | None = None, sums=None, dtype: torch.dtype | None = None) -> float:
+    """The trainer's weights into the engine; returns seconds. Without `adapter`: `policy_weights` (with LoRA the
+    merged W + s·B·A, their delivered share recorded in `share`). With it: the base weights W, exactly as the
+    trainer holds them, then the adapter (`AdapterPush`). `sums` (rollout.WeightSums) adds up what is pushed, cast
+    to the engine's `dtype`, for rollout.check_weight_sums."""
+    weights = base_weights(model, zero_stage) if adapter else policy_weights(model, zero_stage, share)
+    seconds = rollout.push_weights(llm, rollout.summed(weights, sums, dtype) if sums is not None else weights)
+    if adapter:
+        seconds += adapter.push(llm, model, zero_stage)
+    return seconds
 
 
 def adapter_state(model: PeftModel, zero_stage: int) -> dict[str, torch.Tensor]:

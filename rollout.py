@@ -138,6 +138,7 @@ def make_engine(
     gpu_memory_utilization: float,
     enable_sleep_mode: bool,
     cpu_kv_cache_gib: float = 1.0,
+    lora_rank: int = 0,
 ):
     """One colocated vLLM engine for this training process (tensor parallel 1, driven by our launcher).
 
@@ -152,7 +153,15 @@ def make_engine(
     On the CPU the KV cache gets `cpu_kv_cache_gib` (VLLM_CPU_KVCACHE_SPACE, unless the environment already sets
     it): without it vLLM's CPU worker takes gpu_memory_utilization × the host's memory (measured: 10.7 of 23.5 GiB
     for a 0.5B model), and refuses to start when that much is not free.
+
+    `lora_rank > 0` turns on vLLM's LoRA support for one adapter at a time (lora.AdapterPush), with the smallest
+    `max_lora_rank` vLLM allows that holds the rank (vllm/config/lora.py line 26, `MaxLoRARanks`).
     """
+    lora = {}
+    if lora_rank:
+        allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+        lora = dict(enable_lora=True, max_loras=1, max_cpu_loras=1,
+                    max_lora_rank=min((r for r in allowed if r >= lora_rank), default=lora_rank))
     if not torch.cuda.is_available():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cpu_kv_cache_gib))))
         keep_cpu_linear_weights()
@@ -169,16 +178,18 @@ def make_engine(
         enable_sleep_mode=enable_sleep_mode,
         sleep_mode_offload_cudagraph=enable_sleep_mode,
         enforce_eager=not torch.cuda.is_available(),
+        **lora,
     )
 
 
 def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, temperature: float, top_p: float,
-            max_tokens: int) -> list[Completion]:
+            max_tokens: int, lora_request=None) -> list[Completion]:
     """`n` samples per prompt, prompt-major: returns len(prompts)·n completions.
 
     The draw is a function of `seed` alone (`seeds_per_request`). On CUDA each prompt's request carries its own
     seed (`prompt_seed`). On the CPU vLLM samples in this process with this process's torch generator: seeding
     it right before the call does it (the trainer's own RNG stream is saved and restored around it).
+    `lora_request` names the adapter the engine applies (lora.AdapterPush), None for plain weights.
     """
     settings = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
     if seeds_per_request():
@@ -188,7 +199,8 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False,
+                               **adapter(lora_request))
     completions = []
     for output in outputs:
         # vLLM may return the n samples of a request in any order; sort by index for a reproducible layout.
@@ -201,11 +213,17 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
     return completions
 
 
+def adapter(lora_request) -> dict:
+    """`generate`'s keyword for the adapter to apply (lora.AdapterPush); none at all without one."""
+    return {} if lora_request is None else {"lora_request": lora_request}
+
+
 def generate_stage1(llm, prompt_ids: Sequence[Sequence[int]], *, num_generations: int, temperature: float,
-                    top_p: float, max_tokens: int, seed: int, step: int, rank: int) -> list[Completion]:
+                    top_p: float, max_tokens: int, seed: int, step: int, rank: int,
+                    lora_request=None) -> list[Completion]:
     """G samples per prompt. Returns N = B·G completions, grouped: prompt b owns indices b·G … b·G+G-1."""
     return _sample(llm, prompt_ids, num_generations, request_seed(seed, "stage1", step, rank),
-                   temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+                   temperature=temperature, top_p=top_p, max_tokens=max_tokens, lora_request=lora_request)
 
 
 @dataclass(frozen=True)
@@ -219,7 +237,7 @@ class Stage2:
 
 def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completion], *, num_generations: int,
                     render: Callable[[str], list[int]], max_prompt_tokens: int, temperature: float, top_p: float,
-                    max_tokens: int, seed: int, step: int, rank: int) -> Stage2:
+                    max_tokens: int, seed: int, step: int, rank: int, lora_request=None) -> Stage2:
     """One regeneration per stage-1 completion that has a long answer and whose prompt has a context block.
 
     `problems` holds the B dataset problems; completion i belongs to problems[i // G]. `render` turns a problem
@@ -244,7 +262,7 @@ def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completi
         todo.append(i)
         prompts.append(ids)
     sampled = _sample(llm, prompts, 1, request_seed(seed, "stage2", step, rank), temperature=temperature,
-                      top_p=top_p, max_tokens=max_tokens) if todo else []
+                      top_p=top_p, max_tokens=max_tokens, lora_request=lora_request) if todo else []
     results: list[Completion | None] = [None] * len(completions)
     for i, completion in zip(todo, sampled):
         results[i] = completion
@@ -366,11 +384,12 @@ def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bo
     return time.perf_counter() - start
 
 
-def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> torch.Tensor:
+def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                        lora_request=None) -> torch.Tensor:
     """vLLM's log-probabilities of `completion_ids` after `prompt_ids`, `(T,)` float32 (prompt logprobs)."""
     ids = list(prompt_ids) + list(completion_ids)
     params = SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0)
-    output = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+    output = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False, **adapter(lora_request))[0]
     # prompt_logprobs[t] holds the logprob of ids[t] given ids[:t] (entry 0 is None).
     steps = output.prompt_logprobs[len(prompt_ids) :]
     return torch.tensor([step[token].logprob for step, token in zip(steps, completion_ids)], dtype=torch.float32)

@@ -11,16 +11,20 @@ uses it; `collective_rpc` with a function calls it with the worker, entrypoints/
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import canoe
 import lora
 import packing
 import rollout
-from config import LORA_TARGETS
-from test_sleep_order import cuda_kernels, fixed_rewards, make_run, process_group, tiny_model  # noqa: F401
+from config import LORA_TARGETS, Config
+from test_sleep_order import (IllegalAddress, SleepModeEngine, cuda_kernels, fixed_rewards, make_run,  # noqa: F401
+                              process_group, tiny_model)
 
 
 def test_weight_sums_see_through_fused_and_padded_layouts_but_not_a_changed_value():
@@ -107,3 +111,127 @@ def test_in_float32_the_share_is_whole_and_the_merge_is_unchanged():
     assert metrics["sync/lora_delta_reached"] == pytest.approx(1.0, abs=1e-3)
     assert metrics["sync/lora_delta_error"] < 1e-3
     assert lora.DeltaShare().metrics() == {"sync/lora_delta_reached": 1.0, "sync/lora_delta_error": 0.0}
+
+
+# ---------------------------------------------------------------------------- the adapter pushed as it is (item 1)
+
+
+class LoraEngine(SleepModeEngine):
+    """vLLM 0.32's `LLM(enable_lora=True, max_loras=1, max_cpu_loras=1)` as lora.AdapterPush and the step use it:
+    - `llm_engine.add_lora(request)` reads the PEFT folder only for an id it does not hold (unless
+      `load_inplace`), evicting the oldest adapter above its capacity of one (lora/worker_manager.py lines
+      289-330); `list_loras()` names the ids held (v1/engine/llm_engine.py lines 469-479);
+    - the slot is written on the device, so a sleeping engine faults, as for the weights (the LoRA buffers are
+      allocated with the model, in the weights' memory);
+    - `generate(..., lora_request=r)` applies W + s·B·A of the held adapter r (s = lora_alpha / r from its
+      adapter_config.json); without one, the base weights alone."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.llm_engine = self
+        self.held: dict[int, dict[str, torch.Tensor]] = {}
+        self.requests = []
+
+    def add_lora(self, request) -> bool:
+        self.events.append(f"add_lora({request.lora_int_id})")
+        if "weights" in self.asleep:
+            raise IllegalAddress("LoRA slot written while the engine's weight memory is unmapped")
+        if request.lora_int_id in self.held and not request.load_inplace:
+            return False
+        folder = Path(request.lora_path)
+        config = json.loads((folder / "adapter_config.json").read_text())
+        state = load_file(str(folder / "adapter_model.safetensors"))
+        scale = config["lora_alpha"] / config["r"]
+        deltas = {}
+        for key in state:
+            if ".lora_A." in key:
+                module = key.removeprefix("base_model.model.").split(".lora_A.")[0]
+                B = state[key.replace(".lora_A.", ".lora_B.")]
+                deltas[module + ".weight"] = scale * B.float() @ state[key].float()
+        if len(self.held) + 1 > 1:
+            self.held.pop(next(iter(self.held)))
+        self.held[request.lora_int_id] = deltas
+        return True
+
+    def list_loras(self) -> set[int]:
+        return set(self.held)
+
+    @torch.no_grad()
+    def generate(self, prompts, params, use_tqdm: bool = False, lora_request=None):
+        self.requests.append(None if lora_request is None else lora_request.lora_int_id)
+        if lora_request is None:
+            return super().generate(prompts, params)
+        parameters = dict(self.model.named_parameters())
+        saved = {name: parameters[name].detach().clone() for name in self.held[lora_request.lora_int_id]}
+        for name, delta in self.held[lora_request.lora_int_id].items():
+            parameters[name].add_(delta)
+        try:
+            return super().generate(prompts, params)
+        finally:
+            for name, value in saved.items():
+                parameters[name].copy_(value)
+
+
+def test_the_adapter_push_lands_under_a_new_id_after_the_weights_wake_and_every_request_names_it(
+        tmp_path, process_group, monkeypatch):
+    from test_lora import adapted
+
+    monkeypatch.setattr(canoe, "score", fixed_rewards)
+    model = adapted(tiny_model())
+    run, _ = make_run(tmp_path, sleep=True, policy=model, beta=0.04)
+    run.llm = llm = LoraEngine(tiny_model())
+    run.adapter = lora.AdapterPush(tmp_path / "vllm-adapter" / "rank-0")
+    for _ in range(2):
+        step = canoe.train_step(run)
+        assert step.sync_diff <= 1e-4  # vLLM's W + s·B·A, applied apart, is the trainer's policy
+    assert llm.list_loras() == {2} and run.adapter.request.lora_int_id == 2
+    assert sorted(p.name for p in (tmp_path / "vllm-adapter" / "rank-0").iterdir()) == ["push-2"]  # push-1 dropped
+    engine_params = dict(llm.model.named_parameters())
+    for name, tensor in lora.base_weights(run.engine.module, 2):
+        assert torch.equal(engine_params[name], tensor), name  # W exactly as the trainer holds it
+    held = llm.held[2]
+    layer = model.base_model.model.model.layers[1].mlp.down_proj
+    torch.testing.assert_close(held["model.layers.1.mlp.down_proj.weight"], lora.exact_delta(layer), rtol=0, atol=0)
+    one_step = ["generate", "sleep(2)", "wake_up(weights)", "reload_weights", "reset_prefix_cache"]
+    assert llm.events[:7] == one_step + ["add_lora(1)", "wake_up(kv_cache)"]
+    # step 1 sampled the base model (no adapter pushed yet), its probe and step 2 the adapter of push 1, then 2
+    assert llm.requests == [None, 1, 1, 2]
+
+
+def test_an_adapter_the_engine_does_not_hold_stops_the_run(tmp_path):
+    class Forgetful(LoraEngine):
+        def add_lora(self, request) -> bool:  # a load that leaves the old adapter in place
+            return False
+
+    model = lora.wrap(tiny_model(), rank=4, alpha=8.0, dropout=0.0, target_modules=LORA_TARGETS)
+    push = lora.AdapterPush(tmp_path)
+    with pytest.raises(rollout.WeightSyncError, match="adapter push failed"):
+        push.push(Forgetful(tiny_model()), model, 2)
+    engine = LoraEngine(tiny_model())
+    push.push(engine, model, 2)
+    push.push(engine, model, 2)
+    assert engine.list_loras() == {3} and push.count == 3  # every push a new id: vLLM reads a known id only once
+
+
+def test_the_adapter_push_is_the_default_outside_float32_and_the_engine_gets_lora_support(monkeypatch):
+    cfg = Config(lora_rank=16)
+    assert not cfg.pushes_adapter(torch.float32)  # the CPU default run: merged, as before
+    assert cfg.pushes_adapter(torch.bfloat16)
+    assert not Config(lora_rank=16, lora_push="merged").pushes_adapter(torch.bfloat16)
+    assert Config(lora_rank=16, lora_push="adapter").pushes_adapter(torch.float32)
+    assert not Config(lora_push="adapter").pushes_adapter(torch.bfloat16)  # no LoRA, nothing to push apart
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    seen = []
+    monkeypatch.setattr(rollout, "LLM", lambda **kwargs: seen.append(kwargs))
+    monkeypatch.setattr(rollout, "keep_cpu_linear_weights", lambda: None)
+    for rank in (0, 4, 16):
+        rollout.make_engine("m", dtype="bfloat16", seed=0, max_model_len=64, gpu_memory_utilization=0.5,
+                            enable_sleep_mode=True, lora_rank=rank)
+    assert "enable_lora" not in seen[0]
+    assert [(k["enable_lora"], k["max_lora_rank"], k["max_loras"], k["max_cpu_loras"]) for k in seen[1:]] == \
+        [(True, 8, 1, 1), (True, 16, 1, 1)]
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    assert {"enable_lora", "max_lora_rank", "max_loras", "max_cpu_loras"} <= fields  # the installed vLLM's
