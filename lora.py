@@ -218,9 +218,10 @@ class AdapterPush:
     max_cpu_loras 1, vllm/config/lora.py lines 35-44 and 120-121), so loading the new one evicts the previous one
     (worker_manager.py lines 311-315); the push checks that the engine holds exactly the new id and raises
     rollout.WeightSyncError otherwise. Every request then names it (`request`, passed as `lora_request` to
-    `LLM.generate`). A level-2 sleep discards the LoRA slots with the weights they were allocated beside; the
-    new id is activated into its slot after the weights are woken (canoe.push_and_verify's order), so the slot is
-    rewritten then. With LoRA in vLLM the adapter's own values are held in the engine's dtype (lora_dtype "auto",
+    `LLM.generate`). The LoRA slots are allocated while the model loads, in the "weights" memory pool
+    (vllm/v1/worker/gpu_worker.py lines 587-594, the model runner's `load_lora_model`, gpu_model_runner.py line
+    5067), so a level-2 sleep discards them with the weights; the new id is activated into its slot when it is
+    added, after the weights are woken (canoe.push_and_verify's order), so the slot is rewritten then. With LoRA in vLLM the adapter's own values are held in the engine's dtype (lora_dtype "auto",
     vllm/config/lora.py lines 138-139): relative rounding of the adapter, not of W + s·B·A.
     """
 

@@ -477,7 +477,9 @@ def check_weight_sums(pushed: WeightSums, engine: WeightSums, tolerance: float =
     2^-7 · sqrt(K) · w², a relative change of ~1e-8 for K = 1e6 of N = 8e9, far above the tolerance (1e-10) and
     far below what the probe can see. What it cannot detect: an engine that computes wrongly from the right
     weights (stale packed CPU kernels, an adapter applied wrongly) and weights vLLM holds that are not pushed; the
-    probe (`check_sync`) covers the first within its tolerance.
+    probe (`check_sync`) covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not
+    parameters (vllm/lora/layers/base_linear.py line 133), so with the adapter pushed apart the sums cover W; the
+    adapter is checked by its id (lora.AdapterPush).
     """
     gap = max(abs(pushed.total - engine.total) / max(pushed.absolute, 1e-30),
               abs(pushed.squares - engine.squares) / max(pushed.squares, 1e-30))
