@@ -106,21 +106,28 @@ class DeltaShare:
     would make vLLM sample nearly the base model while the trainer computes the adapters. `add` accumulates, over the adapted modules
     of one push, ||Δ||² and ||round(W + Δ) − W||² and ||round(W + Δ) − W − Δ||², with Δ in float32; `metrics`
     gives `sync/lora_delta_reached` = ||round(W + Δ) − W|| / ||Δ|| (about 1 when the update arrives, 0 when it
-    is lost) and `sync/lora_delta_error` = ||round(W + Δ) − W − Δ|| / ||Δ|| (0 when it arrives exactly). Both are
-    1 and 0 when Δ = 0 (nothing to deliver). In float32, the CPU default, the error is ~1e-7 · ||W|| / ||Δ||.
+    is lost) and `sync/lora_delta_error` = ||round(W + Δ) − W − Δ|| / ||Δ|| (0 when it arrives exactly); 1 and 0
+    when Δ = 0 (nothing to deliver). It is measured only where the merge rounds to fewer bits than float32
+    (`merged_weights`): in float32, the CPU default, a merged entry is exact to ~1e-7 of W, and measuring costs
+    about 5x the merge itself on the 2-core CPU (9 s a push for Qwen2.5-0.5B, measured), which would shorten the
+    default run by several steps. Nothing measured (float32, or the adapter pushed apart): no metrics.
     """
 
     def __init__(self):
+        self.measured = False
         self.delta = self.reached = self.error = 0.0  # sums of squares
 
     @torch.no_grad()
     def add(self, base: torch.Tensor, merged: torch.Tensor, delta: torch.Tensor) -> None:
+        self.measured = True
         reached = merged.float() - base.float()
         self.delta += float(delta.float().square().sum())
         self.reached += float(reached.square().sum())
         self.error += float((reached - delta.float()).square().sum())
 
     def metrics(self) -> dict[str, float]:
+        if not self.measured:
+            return {}
         if self.delta == 0:
             return {"sync/lora_delta_reached": 1.0, "sync/lora_delta_error": 0.0}
         return {"sync/lora_delta_reached": (self.reached / self.delta) ** 0.5,
@@ -131,9 +138,9 @@ def merged_weights(layer: LoraLayer, share: DeltaShare | None = None) -> dict[st
     """`{"weight": W + s·B·A, "bias": b}` of one adapted layer, as new tensors (the layer is not changed).
 
     The delta comes from PEFT's own `get_delta_weight` (the rule its `merge()` applies), summed over the active
-    adapters. The caller gathers the layer's parameters first under ZeRO-3. `share` (optional) records how much
-    of the delta the merged weight, in the weights' dtype, holds (`DeltaShare`); the delta it is compared with is
-    s·B·A computed in float32 from the adapters' values.
+    adapters. The caller gathers the layer's parameters first under ZeRO-3. `share` (optional) records, outside
+    float32, how much of the delta the merged weight holds (`DeltaShare`); the delta it is compared with is s·B·A
+    computed in float32 from the adapters' values.
     """
     base = layer.get_base_layer()
     weight = base.weight.detach().clone()
@@ -142,9 +149,8 @@ def merged_weights(layer: LoraLayer, share: DeltaShare | None = None) -> dict[st
         if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
             deltas.append(layer.get_delta_weight(adapter).detach())
             weight += deltas[-1].to(weight.dtype)
-    if share is not None and deltas:  # in float32 PEFT's delta is the exact one already
-        exact = sum(deltas) if all(d.dtype == torch.float32 for d in deltas) else exact_delta(layer)
-        share.add(base.weight.detach(), weight, exact)
+    if share is not None and deltas and weight.dtype != torch.float32:  # float32 merges exactly (DeltaShare)
+        share.add(base.weight.detach(), weight, exact_delta(layer))
     merged = {"weight": weight}
     if getattr(base, "bias", None) is not None:
         merged["bias"] = base.bias.detach().clone()
