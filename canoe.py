@@ -478,8 +478,8 @@ def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
     """Push the weights into vLLM, then compare vLLM's and the trainer's logprobs of the probe completion; raises
     rollout.WeightSyncError when they disagree. Returns (push seconds, max |difference|, more sync/ metrics).
     Outside float32 the probe's tolerance must leave room for two sets of bf16 kernels, so the weights' sums are
-    compared too (rollout.check_weight_sums: exact, blind to the kernels); with LoRA the share of the adapters'
-    update that the merged weights deliver is logged (lora.DeltaShare).
+    compared too (rollout.check_weight_sums: exact, blind to the kernels), and a merged LoRA push logs the share
+    of the adapters' update that reaches vLLM (lora.DeltaShare).
 
     With sleep mode the engine arrives asleep (step 1 put it to sleep): its weights are woken first, because a
     push into a sleeping engine faults on unmapped memory (or, at level 1, is undone by the host copy put back at
@@ -490,7 +490,7 @@ def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
     share, sums = lora.DeltaShare(), rollout.WeightSums()
     push_seconds = lora.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter, share=share,
                              sums=sums if run.checksum else None, dtype=run.checksum)
-    more = share.metrics() if lora.is_lora(run.engine.module) else {}
+    more = share.metrics()  # a merged LoRA push outside float32: how much of the update arrives
     if run.checksum:
         more["sync/weight_sums_gap"] = rollout.check_weight_sums(sums, rollout.engine_weight_sums(run.llm))
     rollout.wake_kv_cache(run.llm, run.sleep)
