@@ -105,9 +105,8 @@ def seeds_per_request() -> bool:
     with the engine seed (vllm/utils/torch_utils.py lines 542-553, called from v1/worker/gpu_worker.py lines 522
     and 1062-1064) and a data-parallel index that is 0 for our engines (we start each with data parallel size 1,
     so vllm/config/parallel.py lines 978-989 never set a rank, line 1029): every rank would sample the same
-    noise, and `--resume`,
-    which saves torch's RNG, not numpy's, would not redraw the uninterrupted run's samples. A request with a
-    seed samples from that seed and the token position alone (v1/worker/gpu/sample/gumbel.py, `gumbel_sample`
+    noise, and `--resume`, which saves torch's RNG, not numpy's, would not redraw the uninterrupted run's
+    samples. A request with a seed samples from that seed and the token position alone (v1/worker/gpu/sample/gumbel.py, `gumbel_sample`
     with the per-request `seeds`; sampler.py lines 305-312 keep seeded requests off the unseeded fused sampler),
     and a request with n > 1 gives its i-th sample the seed + i (v1/engine/parallel_sampling.py lines 69-81).
     The V1 runner, which vLLM falls back to where V2 lacks a feature, gives a seeded request its own CUDA
