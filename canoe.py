@@ -24,7 +24,7 @@ Deliberate differences from the original CANOE code (a modified TRL GRPOTrainer)
   gave vLLM a GPU of its own); on CUDA it sleeps at level 2 from the end of sampling until the push;
 - optional, all off by default: μ updates per rollout, truncated importance sampling against vLLM's
   log-probabilities, the Dr. GRPO / DAPO / GSPO loss options of grpo_loss.py, and LoRA (`lora_rank > 0`,
-  lora.py: adapters trained, π_ref = the base with the adapters disabled, vLLM gets the merged weights).
+  lora.py: adapters trained, π_ref = the base with the adapters disabled, vLLM gets merged weights or the adapter).
 Stage-2 completions are scored only, never trained on (docs/DESIGN.md, "Rollout").
 
 Timing, metrics and logging live in metrics.py, the set-up checks in preflight.py, the DeepSpeed config and the

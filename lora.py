@@ -16,7 +16,9 @@ is the wiring a GRPO trainer needs around them:
   Face names. The sum is built in a new tensor: the trainer's modules stay unmerged. (Merging in place and
   unmerging after the push, as some trainers do, adds and subtracts s·B·A every step and leaves round-off in
   W; here W stays bit-identical for the whole run.) Under ZeRO-3 each module's weights are gathered on their own,
-  as for full fine-tuning (rollout.own_full_parameters).
+  as for full fine-tuning (rollout.own_full_parameters). That is the float32 push. Outside float32 the merged
+  weight would lose every entry of s·B·A below half a step of W (`DeltaShare`), so there vLLM runs with its
+  LoRA support and receives W and the adapter apart (`AdapterPush`, `push`; config `lora_push`).
 - **The optimizer** sees only A and B: PEFT sets `requires_grad = False` on every other parameter, and canoe.setup
   gives DeepSpeed the parameters that require a gradient.
 - **Checkpoints** (checkpoint.py) hold the adapter in PEFT's format (`adapter/`: `adapter_config.json` and
