@@ -250,15 +250,19 @@ def _warn_unpaired(path: Path, records: list[dict]) -> None:
 
 
 def suite_table(suite: str, file: str, scores: dict, last_printed: dict | None = None) -> str:
-    """The printed table: one row, the suite's scores in percent over every item; with `last_printed`
-    (suites.official_last_printed), a second row with the figure the official script would last have printed."""
+    """The printed table: one row, the suite's scores in percent over every item, after `answer`, the share (0-1)
+    of outputs that hold an `<answer>` span (suites.answer_share; "-" when the outputs are not known, as with an
+    official result file); with `last_printed` (suites.official_last_printed), a second row with the figure the
+    official script would last have printed."""
     metrics = suites.METRICS[suite]
-    head = f"{'suite':<11}{'file':<28}{'n':>6}" + "".join(f"{m:>10}" for m in metrics)
-    row = f"{suite:<11}{Path(file).stem[:27]:<28}{scores['n']:>6}" + "".join(f"{scores[m]:>10.2f}" for m in metrics)
+    head = f"{'suite':<11}{'file':<28}{'n':>6}{'answer':>8}" + "".join(f"{m:>10}" for m in metrics)
+    answer = f"{scores['answer']:>8.3f}" if scores.get("answer") is not None else f"{'-':>8}"
+    row = f"{suite:<11}{Path(file).stem[:27]:<28}{scores['n']:>6}{answer}" + "".join(
+        f"{scores[m]:>10.2f}" for m in metrics)
     if last_printed is None:
         return f"{head}\n{row}"
     m = last_printed["items"]
-    official = f"{'':<11}{'official, last printed':<28}{m:>6}" + "".join(
+    official = f"{'':<11}{'official, last printed':<28}{m:>6}{'':>8}" + "".join(
         f"{last_printed['scores'][name]:>10.2f}" for name in metrics)
     every = suites.OFFICIAL_PRINT_EVERY
     note = f"(the official script prints every {every} items the score so far"
@@ -299,6 +303,9 @@ def run_suite(cfg, suite: str, *, eval_file: str | None, model: str | None, pred
                   "system_prompt_indented": indent_system_prompt}
         name = f"{_run_name(model)}-{suite}-{Path(eval_file).stem}"
     scores = suites.score(suite, items, [f["pred"] for f in found])
+    outputs = [f.get("output") for f in found]
+    # Not an official score: whether the format held (an official result file has no outputs, only `pred`).
+    scores["answer"] = suites.answer_share(outputs) if all(isinstance(o, str) for o in outputs) else None
     last_printed = suites.official_last_printed(suite, items, [f["pred"] for f in found])
 
     print("\n" + suite_table(suite, eval_file, scores, last_printed))

@@ -258,3 +258,33 @@ PROFESSIONS: tuple[str, ...] = (
     "economist", "photographer", "surgeon", "translator", "geologist", "violinist", "baker", "astronomer",
     "lawyer", "electrician", "veterinarian", "actor", "accountant", "sculptor", "pharmacist",
 )
+
+# Word pools for the prose passages of synth.py. Film titles are ADJECTIVE + NOUN ("The Quiet Harbour"); the split
+# divides the nouns, so train and eval films never share a title. Towns, rivers and stadiums are invented names,
+# split the same way. Industries and genres are values, used by both splits.
+TITLE_ADJECTIVES: tuple[str, ...] = (
+    "Quiet", "Silver", "Last", "Hidden", "Broken", "Northern", "Crimson", "Distant", "Hollow", "Golden",
+    "Restless", "Forgotten", "Burning", "Salt", "Winter", "Paper",
+)
+TITLE_NOUNS: tuple[str, ...] = (
+    "Harbour", "Orchard", "Lantern", "Meridian", "Ferry", "Archive", "Garden", "Signal", "Tide", "Compass",
+    "Quarry", "Lighthouse", "Ledger", "Carousel", "Horizon", "Mirror", "Furnace", "Pavilion", "Threshold",
+    "Aviary", "Cathedral", "Kingdom", "Voyage", "Embassy", "Frontier", "Gallery", "Meadow", "Monsoon",
+)
+TOWNS: tuple[str, ...] = (
+    "Ardmoray", "Belcastre", "Corvanne", "Dellingham", "Estravel", "Falkmoor", "Glenharrow", "Hollisburg",
+    "Istremont", "Junipera", "Kelvaston", "Lorwick", "Maribeck", "Nettlecombe", "Orsanne", "Pryddon",
+    "Quenlow", "Rivenhall", "Solbrecht", "Tavermont", "Ulverholm", "Valdoria", "Wenscombe", "Yarrowfield",
+    "Zorvath", "Ambrosk", "Brennock", "Castellow", "Dunvegan Ford", "Elmsbridge",
+)
+RIVERS: tuple[str, ...] = (
+    "Aldwater", "Brenna", "Calder Run", "Dovey", "Elver", "Fennick", "Glasswater", "Harl", "Isbourne",
+    "Jessop", "Kennet Vale", "Lathe", "Morrow", "Nene Vale", "Ouseby", "Pellow", "Rushmere", "Sorrel",
+)
+INDUSTRIES: tuple[str, ...] = (
+    "logistics", "software", "shipbuilding", "publishing", "textile", "pharmaceutical", "insurance", "mining",
+    "food processing", "aerospace", "telecommunications", "furniture", "renewable energy", "banking",
+)
+GENRES: tuple[str, ...] = ("drama", "thriller", "comedy", "science fiction", "war", "mystery", "musical", "romance")
+CLUB_SUFFIXES: tuple[str, ...] = ("Rovers", "Athletic", "United", "Wanderers", "Harriers", "Rangers")
+ARENA_WORDS: tuple[str, ...] = ("Park", "Arena", "Stadium", "Ground", "Field")

@@ -98,6 +98,24 @@ def extract(output: str) -> dict[str, str]:
     return sections
 
 
+def has_answer_span(output: str) -> bool:
+    """Whether the official extraction finds an `<answer>` span in `output` (a non-DOTALL match), rather than
+    falling back to the whole output. Not an official score: the share of outputs with one (`answer_share`)
+    is printed beside the official scores so that a zero EM caused by the format shows at once.
+
+    >>> has_answer_span("<think>t</think><answer>Rome</answer>"), has_answer_span("<think>Rome</think>")
+    (True, False)
+    """
+    return _SECTION_RES["answer"].search(output.strip()) is not None
+
+
+def answer_share(outputs: Sequence[str]) -> float:
+    """The share (0-1) of outputs that hold an `<answer>` span (`has_answer_span`)."""
+    if not outputs:
+        raise ValueError("no outputs")
+    return sum(map(has_answer_span, outputs)) / len(outputs)
+
+
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
 

@@ -150,15 +150,17 @@ def test_mr_is_po_over_ps_plus_po_and_zero_when_both_are_zero():
 # ---------------------------------------------------------------------------------------------------------------
 
 # suite -> (benchmark file, predictions file, expected scores); the reasoning is in the tests below.
+# `answer`: the share of outputs with an <answer> span (ConFiQA's last output has a newline inside it, CNQ's fourth
+# too); an official result file holds no outputs, so FiQA's is None.
 CASES = {
     "confiqa": ("ConFiQA-QA-test.json", "confiqa.predictions.jsonl",
-                {"n": 8, "em": 37.5, "ps": 50.0, "po": 25.0, "mr": 100 * 25.0 / 75.0}),
+                {"n": 8, "em": 37.5, "ps": 50.0, "po": 25.0, "mr": 100 * 25.0 / 75.0, "answer": 7 / 8}),
     "fiqa": ("ConFiQA-QA-test.json", "fiqa.official-result.json",
-             {"n": 8, "em": 75.0, "ps": 75.0, "po": 12.5, "mr": 100 * 12.5 / 87.5}),
-    "cnq": ("conflict_dev_filtered.json", "cnq.predictions.jsonl", {"n": 4, "em": 50.0}),
+             {"n": 8, "em": 75.0, "ps": 75.0, "po": 12.5, "mr": 100 * 12.5 / 87.5, "answer": None}),
+    "cnq": ("conflict_dev_filtered.json", "cnq.predictions.jsonl", {"n": 4, "em": 50.0, "answer": 3 / 4}),
     "faitheval": ("faitheval-counterfactual.jsonl", "faitheval.predictions.jsonl",
-                  {"n": 8, "acc": 75.0, "acc_fixed": 25.0}),
-    "followrag": ("hq.json", "followrag.predictions.jsonl", {"n": 4, "em": 50.0}),
+                  {"n": 8, "acc": 75.0, "acc_fixed": 25.0, "answer": 1.0}),
+    "followrag": ("hq.json", "followrag.predictions.jsonl", {"n": 4, "em": 50.0, "answer": 1.0}),
 }
 
 
@@ -184,7 +186,7 @@ def test_confiqa_fixture_item_by_item():
         {"em": False, "ps": True, "po": False},
     ]
     # em 3/8 = 37.5, ps 4/8 = 50, po 2/8 = 25, mr = 25 / (50 + 25) * 100 = 33.33
-    assert suites.score("confiqa", *_items_and_preds("confiqa")) == CASES["confiqa"][2]
+    assert suites.score("confiqa", *_items_and_preds("confiqa")) | {"answer": CASES["confiqa"][2]["answer"]} == CASES["confiqa"][2]
 
 
 def test_fiqa_fixture_from_an_official_result_file():
@@ -200,7 +202,7 @@ def test_fiqa_fixture_from_an_official_result_file():
         {"em": True, "ps": True, "po": False},  # 7 "Paris"
     ]
     # em 6/8 = 75, ps 6/8 = 75, po 1/8 = 12.5, mr = 12.5 / 87.5 * 100 = 14.29
-    assert suites.score("fiqa", *_items_and_preds("fiqa")) == CASES["fiqa"][2]
+    assert suites.score("fiqa", *_items_and_preds("fiqa")) | {"answer": CASES["fiqa"][2]["answer"]} == CASES["fiqa"][2]
 
 
 def test_cnq_fixture():
@@ -398,7 +400,7 @@ def test_the_official_scripts_last_printed_figure_is_reported_beside_ours(tmp_pa
     cfg = load_config(tmp_path / "config.toml")
     scores = evaluate.main(cfg, model=None, eval_file=str(eval_file), suite="confiqa", predictions=str(predictions))
     # ours, every item: em = ps = 100/150, po = 50/150, mr = po / (ps + po) = 50/150
-    assert scores == pytest.approx({"n": 150, "em": 100 * 100 / 150, "ps": 100 * 100 / 150, "po": 100 * 50 / 150,
+    assert {k: v for k, v in scores.items() if k != "answer"} == pytest.approx({"n": 150, "em": 100 * 100 / 150, "ps": 100 * 100 / 150, "po": 100 * 50 / 150,
                                     "mr": 100 * 50 / 150})
     # the official script last printed after item 100: em = ps = po = 50, mr = 50 / (50 + 50) = 50
     last = {"items": 100, "scores": {"em": 50.0, "ps": 50.0, "po": 50.0, "mr": 50.0}}
@@ -406,7 +408,7 @@ def test_the_official_scripts_last_printed_figure_is_reported_beside_ours(tmp_pa
     assert report["official_last_printed"] == last
     assert suites.official_last_printed("confiqa", *_items_and_answers(eval_file, predictions)) == last
     table = " ".join(capsys.readouterr().out.split())
-    assert "150 66.67 66.67 33.33 33.33" in table and "100 50.00 50.00 50.00 50.00" in table
+    assert "150 1.000 66.67 66.67 33.33 33.33" in table and "100 50.00 50.00 50.00 50.00" in table
     assert "first 100 of 150 items" in table
 
 
@@ -445,7 +447,8 @@ def test_eval_suite_with_predictions_prints_and_writes_the_scores(suite, tmp_pat
     assert scores == expected
     table = capsys.readouterr().out
     assert " ".join(suites.METRICS[suite]) in " ".join(table.split())  # the official names, in order
-    assert " ".join(f"{expected[m]:.2f}" for m in suites.METRICS[suite]) in " ".join(table.split())
+    answer = "-" if expected["answer"] is None else f"{expected['answer']:.3f}"
+    assert f"{expected['n']} {answer} " + " ".join(f"{expected[m]:.2f}" for m in suites.METRICS[suite]) in " ".join(table.split())
     name = f"{Path(predictions).stem}-{suite}"
     report = json.loads((tmp_path / "run" / "eval" / f"{name}.json").read_text())
     assert report["scores"] == expected and report["suite"] == suite
@@ -461,7 +464,7 @@ def test_canoe_eval_suite_command_line(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "em ps po mr" in " ".join(result.stdout.split())
-    assert "8 37.50 50.00 25.00 33.33" in " ".join(result.stdout.split())
+    assert "8 0.875 37.50 50.00 25.00 33.33" in " ".join(result.stdout.split())
     report = json.loads((tmp_path / "run" / "eval" / "confiqa.predictions-confiqa.json").read_text())
     assert report["scores"]["em"] == 37.5
 
@@ -484,7 +487,9 @@ def test_synthetic_counterfactual_rows_as_confiqa_records(tmp_path):
     for row, record in zip(counterfactual, records):
         assert record["cf_answer"] == data.answer_span(row["solution"])
         assert record["orig_answer"] == synth.world_fact(row["relation"], row["entities"][0]) != record["cf_answer"]
-        assert f"<context>{record['cf_context']}</context>\n\n{record['question']}" == row["problem"]
+        assert row["problem"].startswith(f"<context>{record['cf_context']}</context>\n\n")
+        assert row["problem"].endswith(record["question"]) and record["question"].endswith("?")
+        assert "passage" not in record["question"] and "Question" not in record["question"]
         assert record["orig_context"] != record["cf_context"] and record["orig_answer"] in record["orig_context"]
     (tmp_path / "eval-confiqa.json").write_text(json.dumps(records))
     items = suites.read_suite("confiqa", tmp_path / "eval-confiqa.json")
@@ -515,6 +520,15 @@ def test_eval_suite_answers_every_item_with_a_real_model(tmp_path):
                           eval_file=str(FIXTURES / "ConFiQA-QA-test.json"),
                           predictions=str(tmp_path / "run" / "eval" / "smoke-llama-confiqa-ConFiQA-QA-test.predictions.jsonl"))
     assert again == report["scores"]
+
+
+def test_answer_share_counts_outputs_with_an_answer_span():
+    outputs = ["<think>t</think><answer>Rome</answer>", "<think>Rome</think>", "<answer>Ro\nme</answer>",
+               " <answer></answer> ", "<answer>Rome"]
+    assert [suites.has_answer_span(o) for o in outputs] == [True, False, False, True, False]
+    assert suites.answer_share(outputs) == 2 / 5
+    with pytest.raises(ValueError):
+        suites.answer_share([])
 
 
 def test_doctests():

@@ -1,5 +1,6 @@
 """Tests for synth.py: sizes and task mix, one schema, disjoint train/eval entities, answers that follow from the
-context, counterfactuals that contradict the fact tables, determinism, and prompts that fit the default budget."""
+context (and only from the trusted passage, or only in changed form), passages of prose of the promised length,
+many relations and phrasings, determinism, and prompts that fit the default budget."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import contextlib
 import hashlib
 import io
 import json
+import random
 import re
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +19,8 @@ import data
 import facts
 import synth
 from tags import answer_span
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +31,16 @@ def generated(tmp_path_factory):
     with contextlib.redirect_stdout(stdout):
         assert synth.main(["--out", str(out), "--n", "400", "--seed", "7"]) == 0
     return {"out": out, "stdout": stdout.getvalue(), "train": data.load_jsonl(out / "train.jsonl"),
-            "eval": data.load_jsonl(out / "eval.jsonl")}
+            "eval": data.load_jsonl(out / "eval.jsonl"), "worlds": synth.split_worlds(7)}
 
 
 def context_of(row: dict) -> str:
     return data.CONTEXT_RE.search(row["problem"]).group(1)
+
+
+def named(text: str, name: str) -> bool:
+    """`name` occurs in `text` as a whole word (what synth's substitution replaces)."""
+    return re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text) is not None
 
 
 def test_synth_sizes_tasks_and_printed_counts(generated):
@@ -46,8 +57,40 @@ def test_synth_rows_share_one_schema_and_unique_ids(generated):
     assert {tuple(r) for r in rows} == {("id", "task", "relation", "entities", "problem", "solution")}
     assert len({r["id"] for r in rows}) == len(rows)
     for row in rows:
-        assert re.fullmatch(r"<context>.+</context>\n\n[A-Z][^\n]*\?", row["problem"], re.DOTALL)
+        assert re.fullmatch(r"<context>[^<>]+</context>\n\n[^<>]*[A-Z][^\n<>]*\?", row["problem"])
         assert re.fullmatch(r"<answer>[^<>\n]+</answer>", row["solution"])
+
+
+def test_synth_passages_are_paragraphs_of_the_promised_length(generated):
+    rows = generated["train"] + generated["eval"]
+    words = [synth.context_words(r) for r in rows]
+    assert min(words) >= synth.PASSAGE_WORDS[0] and max(words) <= synth.PASSAGE_WORDS[1]
+    assert sum(words) / len(words) > 90  # not all at the floor
+    # Prose: several sentences, and on average more than one entity of the subject's kind named in a passage.
+    train_world, _ = generated["worlds"]
+    same_kind = []
+    for row in generated["train"]:
+        context = context_of(row)
+        assert context.count(". ") >= 3
+        if row["task"] in ("straightforward", "counterfactual"):
+            kind = train_world.kind_of(row["entities"][0])
+            same_kind.append(sum(named(context, other) for other in train_world.kinds[kind]))
+    assert sum(same_kind) / len(same_kind) > 1.8
+
+
+def test_synth_covers_many_relations_phrasings_and_numbers(generated):
+    rows = generated["train"]
+    relations = {r["relation"] for r in rows if r["task"] != "multi_hop"}
+    assert len(relations) >= 25
+    chains = {r["relation"] for r in rows if r["task"] == "multi_hop"}
+    assert len(chains) >= 10 and any(chain.count(">") == 2 for chain in chains)
+    # Questions differ in phrasing and in the instruction around them.
+    questions = {r["problem"].split("</context>\n\n")[1] for r in rows}
+    assert len(questions) > 0.95 * len(rows)  # a few items ask the same thing the same way
+    openings = {q.split(" ")[0] for q in questions}
+    assert {"Question:", "Answer", "Based", "Read", "Use", "Think"} <= openings
+    numbers = [r for r in rows if answer_span(r["solution"]).replace(",", "").isdigit()]
+    assert 0.1 < len(numbers) / len(rows) < 0.5
 
 
 def test_synth_eval_entities_are_disjoint_from_train(generated):
@@ -56,49 +99,84 @@ def test_synth_eval_entities_are_disjoint_from_train(generated):
     assert train_entities and eval_entities and not train_entities & eval_entities
     # Stronger: no eval subject or bridge is even mentioned in a training prompt.
     train_text = "\n".join(r["problem"] for r in generated["train"])
-    leaked = [e for e in eval_entities if re.search(rf"(?<![\w-]){re.escape(e)}(?![\w-])", train_text)]
+    leaked = [e for e in eval_entities if named(train_text, e)]
     assert leaked == []
-    train_world, eval_world = synth.split_worlds(7)
+    train_world, eval_world = generated["worlds"]
     assert not set(train_world.entities) & set(eval_world.entities)
 
 
-def test_synth_answers_are_stated_in_or_derivable_from_context(generated):
-    for row in generated["train"] + generated["eval"]:
-        context, answer = context_of(row), answer_span(row["solution"])
-        if row["task"] == "multi_hop":
-            first, second = row["relation"].split(">")
-            person, bridge = row["entities"]
-            assert synth.fact_sentence(person, first, bridge) in context
-            assert synth.fact_sentence(bridge, second, answer) in context
-        elif row["task"] == "inconsistent":
-            passages = context.split("\n")
-            assert len(passages) in (2, 3)
-            trusted = int(re.match(r"According to passage (\d), ", row["problem"].split("\n\n")[1]).group(1))
-            [subject] = row["entities"]
-            statement = synth.fact_sentence(subject, row["relation"], answer)
-            holders = [i for i, p in enumerate(passages, start=1) if statement in p]
-            assert holders == [trusted]
-            assert all(p.startswith(f"Passage {i}: ") and subject in p for i, p in enumerate(passages, start=1))
-        else:
-            [subject] = row["entities"]
-            assert synth.fact_sentence(subject, row["relation"], answer) in context
+def test_synth_straightforward_answers_are_the_worlds_facts_and_stated(generated):
+    for split, world in zip(("train", "eval"), generated["worlds"]):
+        for row in generated[split]:
+            if row["task"] == "straightforward":
+                [subject], answer = row["entities"], answer_span(row["solution"])
+                assert world.facts[(subject, row["relation"])] == answer
+                # (an element opens a sentence capitalised: "Krypton")
+                assert named(context_of(row), answer) and named(context_of(row).lower(), subject.lower())
 
 
-def test_synth_counterfactual_answers_contradict_the_real_world(generated):
+def test_synth_counterfactuals_are_substituted_everywhere(generated):
     rows = [r for r in generated["train"] + generated["eval"] if r["task"] == "counterfactual"]
-    assert {r["relation"] for r in rows} <= set(synth.REAL_WORLD_RELATIONS)
+    assert {r["relation"] for r in rows} == set(synth.REAL_WORLD_RELATIONS)
+    echoed = 0
     for row in rows:
         [subject] = row["entities"]
-        real = synth.world_fact(row["relation"], subject)
-        answer = answer_span(row["solution"])
+        real, answer, context = synth.world_fact(row["relation"], subject), answer_span(row["solution"]), context_of(row)
         assert real is not None and answer != real
-        assert synth.fact_sentence(subject, row["relation"], real) not in context_of(row)
+        assert not named(context, real)  # the real value is gone wherever it was
+        assert named(context, answer)
+        echoed += len(re.findall(rf"(?<![\w-]){re.escape(answer)}(?![\w-])", context)) > 1
+    assert echoed > len(rows) / 4  # the changed value often stands in more than one place
 
 
-def test_synth_straightforward_real_facts_match_the_fact_table(generated):
-    for row in generated["train"]:
-        if row["task"] == "straightforward" and row["relation"] in synth.REAL_WORLD_RELATIONS:
-            assert answer_span(row["solution"]) == synth.world_fact(row["relation"], row["entities"][0])
+def test_synth_multi_hop_chains_follow_the_world_or_a_changed_last_hop(generated):
+    changed = 0
+    for split, world in zip(("train", "eval"), generated["worlds"]):
+        for row in generated[split]:
+            if row["task"] != "multi_hop":
+                continue
+            relations = row["relation"].split(">")
+            nodes = list(row["entities"])
+            assert len(nodes) == len(relations) and all(named(context_of(row), n) for n in nodes)
+            for subject, relation, following in zip(nodes, relations, nodes[1:]):
+                assert world.facts[(subject, relation)] == following
+            real, answer = world.facts[(nodes[-1], relations[-1])], answer_span(row["solution"])
+            assert named(context_of(row), answer)
+            if answer != real:  # a changed real-world hop, as in ConFiQA-MR
+                assert relations[-1] in synth.REAL_WORLD_RELATIONS and not named(context_of(row), real)
+                changed += 1
+    assert changed > 0
+
+
+def test_synth_inconsistent_answer_is_only_in_the_trusted_passage(generated):
+    for row in generated["train"] + generated["eval"]:
+        if row["task"] != "inconsistent":
+            continue
+        passages = context_of(row).split("\n")
+        assert len(passages) in (2, 3)
+        trusted = int(re.search(r"According to passage (\d), ", row["problem"]).group(1))
+        answer = answer_span(row["solution"])
+        assert [i for i, p in enumerate(passages, start=1) if named(p, answer)] == [trusted]
+        assert all(p.startswith(f"Passage {i}: ") and row["entities"][0] in p for i, p in enumerate(passages, start=1))
+
+
+def test_replace_everywhere_is_whole_word():
+    text = "Paris is the capital. Visitors arrive in Paris. Parisians and the Paris-Roubaix race stay."
+    assert synth._replace_everywhere(text, "Paris", "Lyon") == (
+        "Lyon is the capital. Visitors arrive in Lyon. Parisians and the Paris-Roubaix race stay.")
+
+
+def test_paragraph_states_its_facts_and_keeps_out_what_it_must_avoid():
+    world, _ = synth.split_worlds(1)
+    rng = random.Random(0)
+    company = world.kinds["company"][0]
+    founded = world.facts[(company, "founded")]
+    for _ in range(20):
+        text = synth.paragraph(world, company, rng, must=["founded"], size=3, avoid={company, founded})
+        assert company in text.split(". ")[0] and named(text, founded)  # the first sentence names it
+        # no other company's sentence names this year (it would be a look-alike with the same value)
+        others = [s for s in text.split(". ") if company not in s and "company" not in s.lower()]
+        assert not any(named(s, founded) for s in others)
 
 
 def test_fact_tables_are_unambiguous():
@@ -108,7 +186,8 @@ def test_fact_tables_are_unambiguous():
     assert set(facts.CITIES) <= set(facts.COUNTRIES)
     assert set(facts.MOONS.values()) <= set(facts.PLANETS)
     tables = [set(facts.COUNTRIES), set(cities), set(facts.ELEMENTS), set(facts.BOOKS), set(facts.MOONS),
-              set(facts.COMPANIES), set(facts.FIRST_NAMES), set(facts.LAST_NAMES)]
+              set(facts.COMPANIES), set(facts.FIRST_NAMES), set(facts.LAST_NAMES), set(facts.TOWNS),
+              set(facts.RIVERS), set(facts.TITLE_NOUNS), set(facts.TITLE_ADJECTIVES)]
     names = [name for table in tables for name in table]
     assert len(names) == len(set(names))  # no name is two kinds of entity
     assert len(set(facts.ELEMENTS.values())) == len(facts.ELEMENTS)
@@ -122,9 +201,10 @@ def test_synth_is_deterministic_by_seed():
 
 
 def test_synth_prompts_fit_the_default_budget(generated, chat_tokenizer):
-    # The default run is a 135M model on a CPU with 256-token prompts: nothing should need dropping.
-    _, report = data.prepare_prompts(chat_tokenizer, generated["train"] + generated["eval"], 256, on_overflow="error")
-    assert report.max_tokens <= 256
+    # config.toml's max_prompt_tokens: nothing of the default data should need dropping.
+    budget = tomllib.loads((ROOT / "config.toml").read_text())["max_prompt_tokens"]
+    _, report = data.prepare_prompts(chat_tokenizer, generated["train"] + generated["eval"], budget, on_overflow="error")
+    assert report.max_tokens <= budget
 
 
 def test_synth_rejects_bad_sizes():
@@ -146,5 +226,5 @@ def test_default_data_is_unchanged():
     for split, rows in zip(("train", "eval"), synth.synthesize()):
         text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)  # as write_jsonl writes them
         digests[split] = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    assert digests == {"train": "75c32a988d236688fda34829f4c0c7d8d19b32cf1aea64f952bb9878f1fe21a7",
-                       "eval": "730954d08531aa76e9d7e33e6b7874c1778093186b556592169cb7766d05b3cc"}
+    assert digests == {"train": "2420acdb25a22914c538cb8f17ce42d86c99d1289eeb63907829b72e97885ece",
+                       "eval": "864ae576b5d8f8f0121335490277d1f1d31e813ccc8632aa52d86bb30ab68065"}
