@@ -160,3 +160,17 @@ def test_a_merged_push_lands_in_the_real_cpu_engine_and_an_unmerged_one_fails_th
     assert result["packed"]  # vLLM's packed CPU kernels, as training uses them
     assert not result["unmerged"]["passed"] and result["unmerged"]["gap"] > 1e-2
     assert result["merged"]["passed"] and result["merged"]["gap"] <= 1e-3
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
+def test_the_adapter_push_lands_in_the_real_cpu_engine_under_a_new_id_each_time():
+    """vLLM's own LoRA support on the CPU (lora_push = "adapter"): the request with the adapter computes the adapted
+    model, the plain request the base, and each push replaces the one adapter the engine holds."""
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "lora_push.py"), str(SMOKE_MODEL), "adapter"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stdout[-3000:] + done.stderr[-3000:]
+    pushes = json.loads(lines[-1].removeprefix("RESULT "))["pushes"]
+    assert [(p["id"], p["held"]) for p in pushes] == [(1, [1]), (2, [2])]
+    for p in pushes:
+        assert p["gap"] <= 1e-3 and p["base_gap"] > 1e-2, p
