@@ -62,6 +62,7 @@ class Config:
     train_file: str = _key("data/synth/train.jsonl",
                            "training data (.jsonl, .json, .parquet, a save_to_disk folder): problem, solution, more")
     eval_file: str = _key("data/synth/eval.jsonl", "data for --eval without --suite (as train_file, or ConFiQA JSON)")
+    suite_max_tokens: int = _key(1024, "max new tokens per output in --eval --suite (the official evaluation's 1024)")
     max_prompt_tokens: int = _key(1024, "prompts longer than this (with the chat template) are handled by on_long_prompt")
     on_long_prompt: str = _key("drop", "drop (remove and report their ids) or error")
     system_prompt: str = _key("", "system prompt; empty = data.SYSTEM_PROMPT (CANOE's, docs/DESIGN.md)")

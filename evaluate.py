@@ -92,8 +92,10 @@ def sampling_settings(model: str, sample: bool) -> dict[str, Any]:
             "min_p": float(gen["min_p"] or 0.0), "repetition_penalty": float(gen["repetition_penalty"])}
 
 
-def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, Any], max_model_len: int) -> list[str]:
-    """One answer per prompt from a vLLM engine on `model`; the config's response prefix is put back in front."""
+def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, Any], max_model_len: int,
+             max_tokens: int) -> list[str]:
+    """One answer per prompt of at most `max_tokens` new tokens from a vLLM engine on `model`; the config's response
+    prefix is put back in front."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -104,7 +106,7 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
     llm = rollout.make_engine(model, dtype=dtype, seed=cfg.seed, max_model_len=max_model_len,
                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=False,
                               cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib)
-    params = SamplingParams(n=1, max_tokens=cfg.max_completion_tokens, seed=cfg.seed, **settings)
+    params = SamplingParams(n=1, max_tokens=max_tokens, seed=cfg.seed, **settings)
     results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=True)
     return [cfg.response_prefix + r.outputs[0].text for r in results]
 
@@ -145,7 +147,7 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite
     rows, report = data.prepare_prompts(tokenizer, rows, cfg.max_prompt_tokens, cfg.on_long_prompt, **style)
     print(f"eval data: {eval_file}: {report.summary()}")
     outputs = generate(cfg, model, [r["prompt_ids"] for r in rows], sampling_settings(model, sample),
-                       cfg.max_prompt_tokens + cfg.max_completion_tokens)
+                       cfg.max_prompt_tokens + cfg.max_completion_tokens, cfg.max_completion_tokens)
     scores = score(rows, outputs)
 
     print(f"\n{'task':<16}{'n':>6}{'EM':>8}{'contains':>10}{'format':>8}")
@@ -291,14 +293,16 @@ def run_suite(cfg, suite: str, *, eval_file: str | None, model: str | None, pred
         print(f"{suite}: {eval_file}: {len(items)} items; prompt tokens min {report.min_tokens}, "
               f"mean {report.mean_tokens:.1f}, max {report.max_tokens}")
         settings = sampling_settings(model, sample)
+        # Up to suite_max_tokens new tokens, the official evaluation's 1024 by default, not the training's
+        # max_completion_tokens: a policy that reasons at length must not lose its <answer> span to our cut.
         outputs = generate(cfg, model, [r["prompt_ids"] for r in rows], settings,
-                           report.max_tokens + cfg.max_completion_tokens)
+                           report.max_tokens + cfg.suite_max_tokens, cfg.suite_max_tokens)
         found = []
         for output in outputs:
             sections = suites.extract(output)
             found.append({"output": output, "think": sections["think"], "long_answer": sections["long_answer"],
                           "pred": sections["answer"]})
-        source = {"model": model, "sampling": settings, "seed": cfg.seed,
+        source = {"model": model, "sampling": settings, "max_new_tokens": cfg.suite_max_tokens, "seed": cfg.seed,
                   "dtype": str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch."),
                   "system_prompt_indented": indent_system_prompt}
         name = f"{_run_name(model)}-{suite}-{Path(eval_file).stem}"

@@ -502,14 +502,14 @@ SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
 def test_eval_suite_answers_every_item_with_a_real_model(tmp_path):
     (tmp_path / "config.toml").write_text(f'model = "models/smoke-llama"\noutput_dir = "{tmp_path}/run"\n'
-                                          'max_completion_tokens = 40\nmax_prompt_tokens = 64\n')
+                                          'suite_max_tokens = 40\nmax_prompt_tokens = 64\n')
     # max_prompt_tokens = 64 is shorter than these prompts: a suite never drops one, it sizes the engine instead
     result = subprocess.run([sys.executable, str(ROOT / "canoe.py"), "--config", str(tmp_path / "config.toml"),
                              "--eval", "--suite", "confiqa", "--eval-file", str(FIXTURES / "ConFiQA-QA-test.json"),
                              "--limit", "3"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((tmp_path / "run" / "eval" / "smoke-llama-confiqa-ConFiQA-QA-test.json").read_text())
-    assert report["scores"]["n"] == 3 and report["sampling"] == {"temperature": 0.0}
+    assert report["scores"]["n"] == 3 and report["sampling"] == {"temperature": 0.0} and report["max_new_tokens"] == 40
     assert report["system_prompt_indented"] is True
     lines = [json.loads(line) for line in
              (tmp_path / "run" / "eval" / "smoke-llama-confiqa-ConFiQA-QA-test.predictions.jsonl").read_text().splitlines()]
@@ -520,6 +520,28 @@ def test_eval_suite_answers_every_item_with_a_real_model(tmp_path):
                           eval_file=str(FIXTURES / "ConFiQA-QA-test.json"),
                           predictions=str(tmp_path / "run" / "eval" / "smoke-llama-confiqa-ConFiQA-QA-test.predictions.jsonl"))
     assert again == report["scores"]
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
+def test_a_suite_generates_up_to_suite_max_tokens_not_the_training_completion_length(tmp_path, monkeypatch):
+    """The official evaluation lets the model write up to 1024 new tokens; the training's max_completion_tokens
+    (128 in config.toml) must not cut a suite's outputs before their <answer> span."""
+    calls = []
+
+    def fake_generate(cfg, model, prompt_ids, settings, max_model_len, max_tokens):
+        calls.append((max_model_len, max_tokens, max(len(ids) for ids in prompt_ids)))
+        return ["<think>t</think><answer>Rome</answer>"] * len(prompt_ids)
+
+    monkeypatch.setattr(evaluate, "generate", fake_generate)
+    (tmp_path / "config.toml").write_text(f'model = "models/smoke-llama"\noutput_dir = "{tmp_path}/run"\n'
+                                          'max_completion_tokens = 16\n')
+    cfg = load_config(tmp_path / "config.toml")
+    assert cfg.suite_max_tokens == 1024  # the default: the official scripts' limit
+    evaluate.main(cfg, model=None, eval_file=str(FIXTURES / "ConFiQA-QA-test.json"), limit=2, suite="confiqa")
+    [(max_model_len, max_tokens, longest_prompt)] = calls
+    assert max_tokens == 1024 and max_model_len == longest_prompt + 1024
+    report = json.loads((tmp_path / "run" / "eval" / "smoke-llama-confiqa-ConFiQA-QA-test.json").read_text())
+    assert report["max_new_tokens"] == 1024 and report["scores"]["answer"] == 1.0
 
 
 def test_answer_share_counts_outputs_with_an_answer_span():
