@@ -373,7 +373,8 @@ def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str
     `override` replaces some of its facts' values (an inconsistent passage's disagreeing value); `avoid` lists
     names that no sentence about another entity may contain, as subject or value (so no distractor restates or
     contradicts the item's facts). The first sentence names the entity; later ones use its name or a reference
-    ("the company", a person's surname), as prose does.
+    ("the company", a person's surname), as prose does, but "the company" only where no other company was named
+    since this one: it cannot be read as a look-alike's.
     """
     values = {r: world.facts[(name, r)] for r in world.relations_of(name)} | (override or {})
     others = [r for r in values if r not in must and values[r] not in avoid]
@@ -381,12 +382,9 @@ def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str
     chosen = [*must, *others][:max(size, len(must))]
     kind = world.kind_of(name)
     first, *rest = rng.sample(chosen, len(chosen))
-    body = []
-    for relation in rest:
-        subject = name if rng.random() < 0.5 else _reference(world, name)
-        body.append(fact_sentence(subject, relation, values[relation], rng))
-    for template in rng.sample(FILLERS[kind], min(len(FILLERS[kind]), rng.randint(1, 3))):
-        body.append(sentence(template, name if rng.random() < 0.5 else _reference(world, name), ""))
+    # (about the entity?, its relation or filler template, or the finished sentence about another entity)
+    body: list[tuple[bool, str]] = [(True, relation) for relation in rest]
+    body += [(True, template) for template in rng.sample(FILLERS[kind], min(len(FILLERS[kind]), rng.randint(1, 3)))]
     # Not a namesake: a person is referred to by surname, and people share surnames.
     candidates = [o for o in world.kinds[kind] if o.split()[-1] != name.split()[-1] and o not in avoid]
     for other in rng.sample(candidates, min(len(candidates), rng.randint(1, 3))):
@@ -396,9 +394,26 @@ def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str
             statement = sentence(template, other, world.facts[(other, relation)])
             # A linker only before a sentence that opens with a name ("Meanwhile, Oslo ...", not "Meanwhile, Most").
             linker = rng.choice(LINKERS) if template.startswith("{s}") and other[0].isupper() else ""
-            body.append(linker + statement)
+            body.append((False, linker + statement))
     rng.shuffle(body)
-    return " ".join([fact_sentence(name, first, values[first], rng), *body])
+    sentences = [fact_sentence(name, first, values[first], rng)]
+    antecedent = True  # the last entity of this kind that a sentence named is this one
+    for about_name, text in body:
+        if not about_name:
+            sentences.append(text)
+            antecedent = False
+            continue
+        # A reference ("the country") only while this entity is the last of its kind named: after a look-alike's
+        # sentence it would read as the look-alike ("The currency of Latvia is the euro. The currency of the
+        # country is the riel."). A surname is unambiguous: no look-alike shares it.
+        may_refer = antecedent or kind == "person"
+        subject = _reference(world, name) if may_refer and rng.random() < 0.5 else name
+        if text in RELATIONS:
+            sentences.append(fact_sentence(subject, text, values[text], rng))
+        else:
+            sentences.append(sentence(text, subject, ""))
+        antecedent = antecedent or text in RELATIONS or "{s}" in text  # "Its cuisine ..." names no one
+    return " ".join(sentences)
 
 
 def _question(relation_or_chain: str, subject: str, rng: random.Random, template: str | None = None) -> str:
