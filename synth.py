@@ -382,9 +382,9 @@ def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str
     chosen = [*must, *others][:max(size, len(must))]
     kind = world.kind_of(name)
     first, *rest = rng.sample(chosen, len(chosen))
-    # (about the entity?, its relation or filler template, or the finished sentence about another entity)
-    body: list[tuple[bool, str]] = [(True, relation) for relation in rest]
-    body += [(True, template) for template in rng.sample(FILLERS[kind], min(len(FILLERS[kind]), rng.randint(1, 3)))]
+    # ("fact", a relation of the entity) | ("filler", a template about it) | ("other", a look-alike's sentence)
+    body: list[tuple[str, str]] = [("fact", relation) for relation in rest]
+    body += [("filler", template) for template in rng.sample(FILLERS[kind], min(len(FILLERS[kind]), rng.randint(1, 3)))]
     # Not a namesake: a person is referred to by surname, and people share surnames.
     candidates = [o for o in world.kinds[kind] if o.split()[-1] != name.split()[-1] and o not in avoid]
     for other in rng.sample(candidates, min(len(candidates), rng.randint(1, 3))):
@@ -394,12 +394,12 @@ def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str
             statement = sentence(template, other, world.facts[(other, relation)])
             # A linker only before a sentence that opens with a name ("Meanwhile, Oslo ...", not "Meanwhile, Most").
             linker = rng.choice(LINKERS) if template.startswith("{s}") and other[0].isupper() else ""
-            body.append((False, linker + statement))
+            body.append(("other", linker + statement))
     rng.shuffle(body)
     sentences = [fact_sentence(name, first, values[first], rng)]
     antecedent = True  # the last entity of this kind that a sentence named is this one
-    for about_name, text in body:
-        if not about_name:
+    for what, text in body:
+        if what == "other":
             sentences.append(text)
             antecedent = False
             continue
@@ -408,11 +408,11 @@ def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str
         # country is the riel."). A surname is unambiguous: no look-alike shares it.
         may_refer = antecedent or kind == "person"
         subject = _reference(world, name) if may_refer and rng.random() < 0.5 else name
-        if text in RELATIONS:
+        if what == "fact":
             sentences.append(fact_sentence(subject, text, values[text], rng))
         else:
             sentences.append(sentence(text, subject, ""))
-        antecedent = antecedent or text in RELATIONS or "{s}" in text  # "Its cuisine ..." names no one
+        antecedent = antecedent or what == "fact" or "{s}" in text  # "Its cuisine ..." names no one
     return " ".join(sentences)
 
 
