@@ -60,6 +60,7 @@ import memory_plan
 import packing
 import preflight
 import rollout
+import weight_sync
 import suites
 from config import Config, ConfigError, describe_config, load_config
 from optimizer import deepspeed_config, lr_lambda
@@ -100,7 +101,7 @@ class Run:
     times: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per phase of the current step
     last_step: Any = None  # the latest Step, for samples.jsonl
     checksum: torch.dtype | None = None  # the engine's dtype where pushes are also checked by weight sums
-    adapter: Any = None  # lora.AdapterPush where vLLM applies the LoRA adapter itself (cfg.pushes_adapter)
+    adapter: Any = None  # weight_sync.AdapterPush where vLLM applies the LoRA adapter itself (cfg.pushes_adapter)
 
     @property
     def reward_weights(self) -> torch.Tensor:
@@ -119,7 +120,7 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         write_run_info(cfg, out, world_size)
-    dtype = resolve_dtype(cfg.dtype)
+    dtype = resolve_dtype(cfg.dtype, say=True)
 
     # Data: every rank loads and renders the same prompts; the sampler gives each rank its own slice.
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
@@ -163,20 +164,20 @@ def setup(cfg: Config, *, resume: bool) -> Run:
 
     # vLLM, colocated in this process. Stage-2 prompts carry a long answer in place of the context, so the
     # engine's context must hold a prompt plus two completions.
-    sleep = cfg.vllm_sleep and device.type == "cuda" and rollout.sleep_supported()
+    sleep = cfg.vllm_sleep and device.type == "cuda" and weight_sync.sleep_supported()
     if device.type == "cuda":
         preflight.check_engine_can_start(cfg)
     llm = rollout.make_engine(cfg.model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens,
                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=sleep,
-                              cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib,
+                              cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib, trainer_seed=cfg.seed + rank,
                               lora_rank=cfg.lora_rank if cfg.pushes_adapter(dtype) else 0)
 
     grader = MathGrader(workers=cfg.reward_workers, deadline_s=cfg.reward_deadline_s)
-    probe = make_probe(tokenizer, rows[0])
+    probe = weight_sync.make_probe(tokenizer, rows[0]["prompt_ids"])
     run = Run(cfg, rank, world_size, device, tokenizer, engine, reference, llm, rows, sampler, grader, total_steps,
               probe, sleep, out, checksum=None if dtype == torch.float32 else dtype,
-              adapter=lora.AdapterPush(out / "vllm-adapter" / f"rank-{rank}") if cfg.pushes_adapter(dtype) else None)
+              adapter=weight_sync.AdapterPush(out / "vllm-adapter" / f"rank-{rank}") if cfg.pushes_adapter(dtype) else None)
     if resume:
         restore(run)
     return run
@@ -195,22 +196,6 @@ def load_policy(model: str, dtype: torch.dtype):
     return AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
 
 
-PROBE_PROMPT_TOKENS = 48
-
-
-def make_probe(tokenizer, row: dict) -> tuple[list[int], list[int]]:
-    """A fixed prompt and completion whose log-probabilities vLLM and the trainer must agree on after a push.
-
-    The prompt is the last PROBE_PROMPT_TOKENS tokens of a training prompt (the question and the assistant turn's
-    opening): every weight acts on every token, so a short probe catches a push that did not land as well as a
-    long one, and checking it costs ~0.45 s a step instead of ~0.9 s with the whole prompt (SmolLM2, 2 cores).
-    """
-    completion = ("<think>The passage answers the question directly.</think>\n<long_answer>According to the "
-                  "passage, the answer is stated in its first sentence.</long_answer>\n<answer>")
-    ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-    return list(row["prompt_ids"])[-PROBE_PROMPT_TOKENS:], list(ids)
-
-
 def restore(run: Run) -> None:
     path = checkpoint.latest_checkpoint(run.out)
     if path is None:
@@ -223,7 +208,7 @@ def restore(run: Run) -> None:
         for name in ("metrics.jsonl", "samples.jsonl"):
             truncate_log(run.out / name, run.step)
     # vLLM started from the original weights: give it the restored ones.
-    lora.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter)
+    weight_sync.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter)
     print0(f"resumed from {path} at step {run.step}")
 
 
@@ -242,7 +227,7 @@ def train_step(run: Run) -> Step:
     #    memory goes to the trainer until step 6 (CUDA sleep mode; nothing happens on the CPU).
     completions = sample_stage1(run, rows)  # N completions, prompt-major
     stage2 = sample_stage2(run, rows, completions)  # N entries
-    rollout.sleep_engine(run.llm, run.sleep)
+    weight_sync.sleep_engine(run.llm, run.sleep)
 
     # 2. Rewards: each configured reward function, and their weighted sum.
     per_reward, reward_means = score(run, rows, completions, stage2)  # (N, R)
@@ -275,7 +260,7 @@ def train_step(run: Run) -> Step:
         for batch in batches:
             losses.append(forward_backward(run, batch, totals))
             optimizer_step(run)
-        skip_or_stop_on_nonfinite(run, [loss for loss, _ in losses[-len(batches):]])
+        skip_or_stop_on_bad_step(run, [loss for loss, _ in losses[-len(batches):]])
 
     # 6. Wake vLLM's weights, push the new ones into them and prove that they arrived (the engine is awake again).
     push_seconds, sync_diff, push_metrics = push_and_verify(run)
@@ -458,49 +443,68 @@ def vllm_gap(batch: Batch, trainer: torch.Tensor) -> float:
     return float(((batch.sampler - trainer.float()).abs() * mask).sum() / mask.sum().clamp(min=1))
 
 
-def skip_or_stop_on_nonfinite(run: Run, losses: list[torch.Tensor]) -> None:
-    """DeepSpeed skips an update whose gradient norm is not finite; count such steps and stop if they persist."""
-    (bad,) = all_reduce_values([float(not all(bool(torch.isfinite(loss)) for loss in losses))], op=dist.ReduceOp.MAX)
-    if not bad:
+def skip_or_stop_on_bad_step(run: Run, losses: list[torch.Tensor]) -> None:
+    """Count a step whose update DeepSpeed skipped, and stop when `max_bad_steps` come in a row.
+
+    DeepSpeed skips an update whose gradients are not finite, without a word: under ZeRO-1/2 through the
+    gradient check that `bf16.check_grad_overflow` turns on (deepspeed/runtime/zero/stage_1_and_2.py lines
+    3028-3030 and 3042-3044), under ZeRO-3 through the gradient norm (runtime/zero/stage3.py lines 2882-2894),
+    in float32 through the same norm; the engine then reports `was_step_applied()` False and the learning-rate
+    schedule does not advance (runtime/engine.py lines 3534-3545). A finite loss can have non-finite gradients
+    (an overflow inside the backward pass), so the skip is read from the engine, not inferred from the loss. Both
+    are reduced over ranks, so every rank counts alike. A non-finite loss whose update was applied stops the run.
+    """
+    nonfinite = not all(bool(torch.isfinite(loss)) for loss in losses)
+    skipped = not run.engine.was_step_applied()
+    if nonfinite and not skipped:
+        raise RuntimeError("the loss was not finite but DeepSpeed applied the update; the weights are suspect")
+    bad_loss, bad_update = all_reduce_values([float(nonfinite), float(skipped)], op=dist.ReduceOp.MAX)
+    if not (bad_loss or bad_update):
         run.bad_steps_in_a_row = 0
         return
-    if run.engine.was_step_applied():
-        raise RuntimeError("the loss was not finite but DeepSpeed applied the update; the weights are suspect")
     run.bad_steps_in_a_row += 1
     run.bad_steps_total += 1
+    cause = "a non-finite loss" if bad_loss else "non-finite gradients from a finite loss"
+    print0(f"DeepSpeed skipped this step's update ({cause}): {run.bad_steps_in_a_row} in a row, "
+           f"{run.bad_steps_total} in all")
     if run.bad_steps_in_a_row >= run.cfg.max_bad_steps:
-        raise RuntimeError(f"{run.bad_steps_in_a_row} steps in a row had a non-finite loss; stopping "
-                           f"(max_bad_steps = {run.cfg.max_bad_steps}). Lower the learning rate or check the data.")
+        raise RuntimeError(f"{run.bad_steps_in_a_row} steps in a row had a non-finite loss or gradient, and DeepSpeed "
+                           f"skipped their updates; stopping (max_bad_steps = {run.cfg.max_bad_steps}). Lower the "
+                           f"learning rate or check the data.")
 
 
 @timed("weight_push")
 def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
     """Push the weights into vLLM, then compare vLLM's and the trainer's logprobs of the probe completion; raises
-    rollout.WeightSyncError when they disagree. Returns (push seconds, max |difference|, more sync/ metrics).
+    weight_sync.WeightSyncError when they disagree. Returns (push seconds, max |difference|, more sync/ metrics).
     Outside float32 the probe's tolerance must leave room for two sets of bf16 kernels, so the weights' sums are
-    compared too (rollout.check_weight_sums: exact, blind to the kernels), and a merged LoRA push logs the share
-    of the adapters' update that reaches vLLM (lora.DeltaShare).
+    compared too (weight_sync.check_weight_sums: exact, blind to the kernels), and a merged LoRA push logs the share
+    of the adapters' update that reaches vLLM (weight_sync.DeltaShare).
 
     With sleep mode the engine arrives asleep (step 1 put it to sleep): its weights are woken first, because a
     push into a sleeping engine faults on unmapped memory (or, at level 1, is undone by the host copy put back at
     wake-up), then the KV cache, which the probe needs. The engine leaves awake, ready for the next rollout.
     """
-    rollout.wake_weights(run.llm, run.sleep)
-    # With LoRA vLLM gets W + s·B·A merged or W and the adapter (lora.push); the trainer's modules stay unmerged.
-    share, sums = lora.DeltaShare(), rollout.WeightSums()
-    push_seconds = lora.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter, share=share,
-                             sums=sums if run.checksum else None, dtype=run.checksum)
+    weight_sync.wake_weights(run.llm, run.sleep)
+    # With LoRA vLLM gets W + s·B·A merged or the adapter, and W again only where the sleep discarded it
+    # (weight_sync.push); the trainer's modules stay unmerged.
+    share, sums = weight_sync.DeltaShare(), weight_sync.WeightSums()
+    push_seconds = weight_sync.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter,
+                                    base=run.sleep, share=share, sums=sums if run.checksum else None,
+                                    dtype=run.checksum)
+    if run.adapter:  # part of time/weight_push: the adapter's folder written and read back
+        run.times["adapter_push"] = run.adapter.seconds
     more = share.metrics()  # a merged LoRA push outside float32: how much of the update arrives
     if run.checksum:
-        more["sync/weight_sums_gap"] = rollout.check_weight_sums(sums, rollout.engine_weight_sums(run.llm))
-    rollout.wake_kv_cache(run.llm, run.sleep)
+        more["sync/weight_sums_gap"] = weight_sync.check_weight_sums(sums, weight_sync.engine_weight_sums(run.llm))
+    weight_sync.wake_kv_cache(run.llm, run.sleep)
     prompt, completion = run.probe
     run.engine.eval()
     with torch.no_grad():
         trainer = packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])], run.device))[0]
     run.engine.train()
-    vllm = rollout.vllm_token_logprobs(run.llm, prompt, completion, run.adapter.request if run.adapter else None)
-    return push_seconds, rollout.check_sync(vllm, trainer, run.cfg.sync_tolerance), more
+    vllm = weight_sync.vllm_token_logprobs(run.llm, prompt, completion, run.adapter.request if run.adapter else None)
+    return push_seconds, weight_sync.check_sync(vllm, trainer, run.cfg.push_tolerance(run.checksum or torch.float32)), more
 
 
 # ==============================================================================================================

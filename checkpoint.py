@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 import lora
+import weight_sync
 
 
 def _barrier() -> None:
@@ -52,11 +53,11 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 def save_policy(engine, tokenizer, zero_stage: int, target: Path, rank: int) -> None:
     """Write the policy as a Hugging Face model folder (rank 0 writes; every rank takes part in ZeRO-3 gathers).
 
-    With LoRA the folder holds the merged weights (lora.policy_weights), saved through the base model, so that
+    With LoRA the folder holds the merged weights (weight_sync.policy_weights), saved through the base model, so that
     it loads like any model, and the adapter goes beside it in PEFT's format (`adapter/`).
     """
     state = {}
-    for name, tensor in lora.policy_weights(engine.module, zero_stage):
+    for name, tensor in weight_sync.policy_weights(engine.module, zero_stage):
         if rank == 0:  # no copy on the CPU: ZeRO-3's gathered tensors and LoRA's merged ones are copies already,
             state[name] = tensor.detach().to("cpu")  # and ZeRO-2's parameters do not change while this writes
     model = engine.module

@@ -44,6 +44,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import data
 import suites
 from rewards import format_reward
@@ -95,20 +97,42 @@ def sampling_settings(model: str, sample: bool) -> dict[str, Any]:
 def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, Any], max_model_len: int,
              max_tokens: int) -> list[str]:
     """One answer per prompt of at most `max_tokens` new tokens from a vLLM engine on `model`; the config's response
-    prefix is put back in front."""
+    prefix is put back in front. A LoRA checkpoint outside float32 runs as base + adapter (`policy_source`)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 
     import rollout
 
     runtime.single_process_defaults()
-    dtype = str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch.")
-    llm = rollout.make_engine(model, dtype=dtype, seed=cfg.seed, max_model_len=max_model_len,
-                              gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=False,
-                              cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib)
+    dtype = runtime.resolve_dtype(cfg.dtype)
+    engine_model, adapter = policy_source(model, dtype)
+    rank = json.loads((adapter / "adapter_config.json").read_text())["r"] if adapter else 0
+    llm = rollout.make_engine(engine_model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
+                              max_model_len=max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                              enable_sleep_mode=False, cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib, lora_rank=rank)
     params = SamplingParams(n=1, max_tokens=max_tokens, seed=cfg.seed, **settings)
-    results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=True)
+    request = {"lora_request": LoRARequest("policy", 1, str(adapter))} if adapter else {}
+    results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=True,
+                           **request)
     return [cfg.response_prefix + r.outputs[0].text for r in results]
+
+
+def policy_source(model: str, dtype) -> tuple[str, Path | None]:
+    """What the engine loads to evaluate `model`: (model folder, adapter folder or None).
+
+    A LoRA run's checkpoint holds `policy/`, the merged W + s·B·A in the training dtype, and `adapter/` beside it
+    (checkpoint.save_policy). In bfloat16 the merge lost every entry of s·B·A below half a step of W
+    (weight_sync.DeltaShare), which training never sampled from (weight_sync.AdapterPush): the evaluation then
+    runs the base model named in the adapter's config with the adapter applied by vLLM, as training sampled
+    (issue 37, item 2). In float32 the merge is exact to ~1e-7 of W, and `policy/` is loaded as it is.
+    """
+    adapter = Path(model).parent / "adapter"
+    if Path(model).name != "policy" or dtype == torch.float32 or not (adapter / "adapter_config.json").exists():
+        return model, None
+    base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    _check_model(base)
+    return base, adapter
 
 
 def _tokenizer_and_style(cfg, model: str, indent_system_prompt: bool | None) -> tuple[Any, dict[str, str]]:

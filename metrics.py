@@ -1,6 +1,6 @@
 """What a run reports: phase timing, the step's metrics, and rank 0's files (run_config.json, the logs).
 
-`metrics.jsonl` gets one line per step (every key is documented in the README, "A run's outputs"):
+`metrics.jsonl` gets one line per step (every key is documented in docs/outputs.md):
 `reward/<name>` for each configured reward, `reward/total`, `loss/*` from grpo_loss.summarize_metrics (KL, clip
 fraction, ratios, importance weights), `completion/*`, `stage2/*`, `sync/*`, `train/*`, `time/<phase>` and
 `perf/tokens_per_s`. How a rank's values become the run's (`step_metrics`, with runtime.reduce_over_ranks):

@@ -37,7 +37,10 @@ def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dic
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
         "train_batch_size": micro * cfg.gradient_accumulation_steps * world_size,
         "zero_optimization": {"stage": cfg.zero_stage},
-        "bf16": {"enabled": dtype == torch.bfloat16, "check_grad_overflow": True},
+        # With LoRA in bfloat16 the frozen base stays in bfloat16 and the adapters, which PEFT made float32
+        # (get_peft_model's autocast_adapter_dtype), train in float32: DeepSpeed's bf16 mode would cast them to
+        # bfloat16 (deepspeed/runtime/engine.py lines 2080-2088); its float32 mode leaves every parameter as it is.
+        "bf16": {"enabled": dtype == torch.bfloat16 and not cfg.lora_rank, "check_grad_overflow": True},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }

@@ -20,8 +20,8 @@ for all L² pairs, most of them masked. That is cheap next to the linear layers 
 model configured for flash-attention cannot take a 4D mask, so only the `sdpa` and `eager` implementations are
 accepted.
 
-Not in the original CANOE code (TRL's GRPOTrainer pads `(G, P + C)`); named in the README, "Where we differ from
-the original CANOE code", and in docs/DESIGN.md, "Deliberate differences from the original CANOE code".
+Not in the original CANOE code (TRL's GRPOTrainer pads `(G, P + C)`); named in docs/differences.md and in
+docs/DESIGN.md, "Deliberate differences from the original CANOE code".
 """
 
 from __future__ import annotations

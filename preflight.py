@@ -18,8 +18,8 @@ import torch
 
 import data
 import memory_plan
-import rollout
 import runtime
+import weight_sync
 from config import Config
 
 
@@ -72,7 +72,7 @@ def check_fits(cfg: Config, num_parameters: int, dtype, trainable: int | None = 
     if torch.cuda.is_available():
         plan = memory_plan.plan_memory(cfg, memory_plan.architecture(cfg.model), world_size=world,
                                        total_bytes=torch.cuda.get_device_properties(0).total_memory,
-                                       sleep=cfg.vllm_sleep and rollout.sleep_supported())
+                                       sleep=cfg.vllm_sleep and weight_sync.sleep_supported())
         if plan.problems():
             raise SystemExit(f"error: this config does not fit on these GPUs (memory_plan.py):\n{plan.table()}")
         return

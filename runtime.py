@@ -60,11 +60,51 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def resolve_dtype(name: str) -> torch.dtype:
-    """`auto` is bfloat16 on a GPU that has it, float32 elsewhere (the CPU trains and samples in float32)."""
-    if name == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-    return getattr(torch, name)
+# CPU instructions that compute in bfloat16 natively (Linux's names in /proc/cpuinfo). Without them torch and
+# vLLM's CPU kernels emulate bfloat16 through float32 and it is no faster than float32.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def choose_dtype(name: str, *, cuda: bool, cuda_bf16: bool, cpu_flags: Collection[str]) -> tuple[torch.dtype, str]:
+    """The training and sampling dtype for the config's `dtype`, and why (a pure function of the hardware).
+
+    `auto` is bfloat16 on a GPU that has it and on a CPU with AVX-512 BF16 or AMX (BF16_CPU_FLAGS), float32
+    elsewhere. float32 and bfloat16 are taken as they are.
+
+    >>> choose_dtype("auto", cuda=False, cuda_bf16=False, cpu_flags={"avx2", "avx512f"})[0]
+    torch.float32
+    >>> choose_dtype("auto", cuda=False, cuda_bf16=False, cpu_flags={"avx512f", "amx_bf16"})
+    (torch.bfloat16, 'auto: the CPU has amx_bf16')
+    """
+    if name != "auto":
+        return getattr(torch, name), "set in the config"
+    if cuda:
+        return (torch.bfloat16, "auto: the GPU has bfloat16") if cuda_bf16 else (torch.float32, "auto: the GPU has "
+                                                                                  "no bfloat16")
+    found = [flag for flag in BF16_CPU_FLAGS if flag in cpu_flags]
+    if found:
+        return torch.bfloat16, f"auto: the CPU has {' and '.join(found)}"
+    return torch.float32, (f"auto: the CPU has neither {' nor '.join(BF16_CPU_FLAGS)}, so bfloat16 would be "
+                           f"emulated, no faster than float32")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return {flag for line in f if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
+
+
+def resolve_dtype(name: str, *, say: bool = False) -> torch.dtype:
+    """`choose_dtype` on this machine; with `say`, rank 0 prints the choice and its reason (once, at start-up)."""
+    cuda = torch.cuda.is_available()
+    dtype, why = choose_dtype(name, cuda=cuda, cuda_bf16=cuda and torch.cuda.is_bf16_supported(),
+                              cpu_flags=set() if cuda else cpu_flags())
+    if say:
+        print0(f"dtype: {str(dtype).removeprefix('torch.')} ({why})")
+    return dtype
 
 
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:

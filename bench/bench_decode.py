@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CONFIGS = [  # (name, settings); "packed": False is the plain F.linear path (rollout.keep_cpu_linear_weights)
+CONFIGS = [  # (name, settings); "packed": False is the plain F.linear path (weight_sync.keep_cpu_linear_weights)
     ("batch 7, eager, float32, packed kernels (the default)", {"batch": 7}),
     ("batch 7, eager, float32, plain F.linear", {"batch": 7, "packed": False}),
     ("batch 28 (4 prompts × 7), packed kernels", {"batch": 28}),
@@ -74,9 +74,9 @@ def worker(model: str, settings: dict, tokens: int) -> dict:
     from vllm.inputs import TokensPrompt
 
     import data
-    import rollout
+    import weight_sync
 
-    rollout.keep_cpu_linear_weights(packed=settings.get("packed", True))
+    weight_sync.keep_cpu_linear_weights(packed=settings.get("packed", True))
     tokenizer = AutoTokenizer.from_pretrained(model)
     row = data.load_jsonl(ROOT / "data" / "synth" / "train.jsonl")[0]
     default = tomllib.loads((ROOT / "config.toml").read_text())  # the default run's prompt

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import canoe  # noqa: E402
 import checkpoint  # noqa: E402
-import rollout  # noqa: E402
+import weight_sync  # noqa: E402
 
 CRASH = 17  # the exit code of a simulated crash
 
@@ -37,12 +37,12 @@ def nan_loss() -> None:
 
 
 def corrupt_push() -> None:
-    original = rollout.push_weights
+    original = weight_sync.push_weights
 
     def patched(llm, weights):
         return original(llm, ((name, 2 * tensor) for name, tensor in weights))
 
-    rollout.push_weights = patched
+    weight_sync.push_weights = patched
 
 
 def crash_after_step(step: int) -> None:

@@ -4,8 +4,8 @@
 
 Creates the engine as training does (`rollout.make_engine`: vLLM's packed oneDNN/SGL kernels, weights kept),
 perturbs a copy of the model, and pushes it twice: first without rebuilding the packed kernels, then with it
-(what `rollout.push_weights` does by default on the CPU). After each push the probe check of training
-(`rollout.check_sync`) compares vLLM's log-probabilities of a fixed completion with the perturbed model's. Prints
+(what `weight_sync.push_weights` does by default on the CPU). After each push the probe check of training
+(`weight_sync.check_sync`) compares vLLM's log-probabilities of a fixed completion with the perturbed model's. Prints
 one JSON line: the worst gap after each push and whether the check passed.
 """
 
@@ -27,8 +27,9 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import rollout  # noqa: E402
+import weight_sync  # noqa: E402
 
-TOLERANCE = 1e-3  # config.py's sync_tolerance default
+TOLERANCE = 1e-3  # config.SYNC_TOLERANCE in float32
 
 
 def trainer_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
@@ -40,10 +41,10 @@ def trainer_logprobs(model, prompt: list[int], completion: list[int]) -> torch.T
 
 
 def check(llm, prompt, completion, expected) -> dict:
-    vllm = rollout.vllm_token_logprobs(llm, prompt, completion)
+    vllm = weight_sync.vllm_token_logprobs(llm, prompt, completion)
     try:
-        return {"passed": True, "gap": rollout.check_sync(vllm, expected, TOLERANCE)}
-    except rollout.WeightSyncError:
+        return {"passed": True, "gap": weight_sync.check_sync(vllm, expected, TOLERANCE)}
+    except weight_sync.WeightSyncError:
         return {"passed": False, "gap": float((vllm - expected).abs().max())}
 
 
@@ -63,11 +64,11 @@ def main(model_dir: str) -> None:
     without = check_after(llm, weights, prompt, completion, expected, repack=False)
     with_repack = check_after(llm, weights, prompt, completion, expected, repack=None)  # the default
     print("RESULT " + json.dumps({"without_repack": without, "with_repack": with_repack,
-                                  "packed": rollout.cpu_kernels_are_packed()}), flush=True)
+                                  "packed": weight_sync.cpu_kernels_are_packed()}), flush=True)
 
 
 def check_after(llm, weights, prompt, completion, expected, *, repack) -> dict:
-    rollout.push_weights(llm, iter(weights), repack=repack)
+    weight_sync.push_weights(llm, iter(weights), repack=repack)
     return check(llm, prompt, completion, expected)
 
 

@@ -17,7 +17,7 @@ with device type cpu" (see runtime.collective_device for the source lines). Our 
   op with that backend on the data. A collective on CPU tensors is passed on untouched, to torch's CPU kernel,
   which refuses it for this group. Every c10d op is recorded with the devices of its tensors.
 
-The functions under test are the real ones (canoe.loss_denominators, canoe.skip_or_stop_on_nonfinite,
+The functions under test are the real ones (canoe.loss_denominators, canoe.skip_or_stop_on_bad_step,
 canoe.out_of_time, metrics.step_metrics with its loss-total reductions and runtime.reduce_over_ranks), on two
 ranks: each test starts its own processes (this file, run as a script), so no process group of this pytest
 process is touched.
@@ -90,14 +90,14 @@ def test_every_collective_runs_on_the_groups_device():
         assert result["collective_device"] == ACCEL
         # loss_denominators: 3 + 1 sequences, 10 + 6 tokens, each a mean over the 2 ranks
         assert result["loss_denominators"] == {"total_sequences": 2.0, "total_tokens": 8.0}
-        # skip_or_stop_on_nonfinite: rank 1's NaN makes both ranks count the step; then a finite step resets
+        # skip_or_stop_on_bad_step: rank 1's NaN makes both ranks count the step; then a finite step resets
         assert result["nonfinite"] == {"bad_steps_in_a_row": 1, "bad_steps_total": 1}
         assert result["finite"] == {"bad_steps_in_a_row": 0, "bad_steps_total": 1}
         # out_of_time: rank 0's clock decides, whatever the other rank's deadline says
         assert result["out_of_time"] == [True, False]
         check_step_metrics(result["metrics"])
         # every collective reached the c10d ops with tensors on the group's device: 1 (loss_denominators) + 2
-        # (skip_or_stop_on_nonfinite, twice) + 2 (out_of_time, twice) + 3 (the loss totals: SUM, MIN, MAX) + 2
+        # (skip_or_stop_on_bad_step, twice) + 2 (out_of_time, twice) + 3 (the loss totals: SUM, MIN, MAX) + 2
         # (the metrics: SUM, MAX)
         ops = [call["op"] for call in result["collectives"]]
         assert ops == ["c10d::allreduce_"] * 3 + ["c10d::broadcast_"] * 2 + ["c10d::allreduce_"] * 5
@@ -211,11 +211,12 @@ def scenario_accelerator() -> dict:
         batches = [SimpleNamespace(mask=torch.ones(2, 5 if rank == 0 else 3)), SimpleNamespace(mask=torch.zeros(2, 3))]
         result["loss_denominators"] = canoe.loss_denominators(kept, batches)
 
+        applied = iter([False, True])  # DeepSpeed skipped the first update (every rank alike), applied the second
         run = SimpleNamespace(bad_steps_in_a_row=0, bad_steps_total=0, cfg=SimpleNamespace(max_bad_steps=5),
-                              engine=SimpleNamespace(was_step_applied=lambda: False))
-        canoe.skip_or_stop_on_nonfinite(run, [torch.tensor(1.0), torch.tensor(float("nan") if rank else 2.0)])
+                              engine=SimpleNamespace(was_step_applied=lambda: next(applied)))
+        canoe.skip_or_stop_on_bad_step(run, [torch.tensor(1.0), torch.tensor(float("nan") if rank else 2.0)])
         result["nonfinite"] = {"bad_steps_in_a_row": run.bad_steps_in_a_row, "bad_steps_total": run.bad_steps_total}
-        canoe.skip_or_stop_on_nonfinite(run, [torch.tensor(1.0)])
+        canoe.skip_or_stop_on_bad_step(run, [torch.tensor(1.0)])
         result["finite"] = {"bad_steps_in_a_row": run.bad_steps_in_a_row, "bad_steps_total": run.bad_steps_total}
 
         now = time.monotonic()

@@ -93,3 +93,48 @@ def test_plot_draws_two_runs_in_one_picture(tmp_path):
 def test_plot_rejects_a_missing_file(tmp_path):
     with pytest.raises(SystemExit, match="does not exist"):
         plot.plot(tmp_path, tmp_path / "x.png")
+
+
+# ---------------------------------------------------------------------------- a LoRA checkpoint (issue 37, item 2)
+
+
+def lora_checkpoint(tmp_path: Path) -> tuple[Path, Path]:
+    """A checkpoint folder as checkpoint.save_policy writes it for a LoRA run: policy/ and adapter/ beside it."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    policy, adapter = tmp_path / "step-2" / "policy", tmp_path / "step-2" / "adapter"
+    policy.mkdir(parents=True)
+    adapter.mkdir()
+    (policy / "config.json").write_text("{}")
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base), "r": 4}))
+    return base, policy
+
+
+def test_a_lora_checkpoint_is_evaluated_as_base_and_adapter_outside_float32(tmp_path):
+    import torch
+
+    base, policy = lora_checkpoint(tmp_path)
+    assert evaluate.policy_source(str(policy), torch.bfloat16) == (str(base), policy.parent / "adapter")
+    assert evaluate.policy_source(str(policy), torch.float32) == (str(policy), None)  # the merge is exact there
+    assert evaluate.policy_source(str(base), torch.bfloat16) == (str(base), None)  # a plain model folder
+
+
+def test_the_engine_applies_the_checkpoints_adapter_to_every_request(tmp_path, monkeypatch):
+    import rollout
+    from config import Config
+
+    base, policy = lora_checkpoint(tmp_path)
+    engines, requests = [], []
+
+    class Engine:
+        def generate(self, prompts, params, use_tqdm=True, lora_request=None):
+            requests.append(lora_request)
+            return [type("Out", (), {"outputs": [type("Sample", (), {"text": "x"})]}) for _ in prompts]
+
+    monkeypatch.setattr(rollout, "make_engine", lambda model, **kwargs: engines.append((model, kwargs)) or Engine())
+    cfg = Config(dtype="bfloat16", response_prefix="")
+    assert evaluate.generate(cfg, str(policy), [[1, 2]], {}, 64, 4) == ["x"]
+    (model, kwargs), = engines
+    assert model == str(base) and kwargs["lora_rank"] == 4 and kwargs["dtype"] == "bfloat16"
+    assert requests[0].lora_int_id == 1 and requests[0].lora_path == str(policy.parent / "adapter")

@@ -1,10 +1,10 @@
-"""Two nodes through DeepSpeed's own launcher, emulated on this machine: the README's "several nodes without ssh".
+"""Two nodes through DeepSpeed's own launcher, emulated on this machine: docs/multinode.md, "Several nodes without ssh".
 
 Two `deepspeed --no_ssh` launchers run at the same time, one per "node", each with `--node_rank` 0 or 1 and one
 rank (`--num_gpus 1`), on the same two-line hostfile; they meet at 127.0.0.1 like the nodes of a cluster meet at
 the first node's address. Each launcher only knows its own node (LOCAL_SIZE = 1 in a world of 2), so DeepSpeed's
 same-node shared-memory collectives stay off and every collective goes through torch.distributed, as it does
-between real nodes. Both "nodes" see this machine's filesystem, so `output_dir` is shared, as the README requires.
+between real nodes. Both "nodes" see this machine's filesystem, so `output_dir` is shared, as docs/multinode.md requires.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def free_port() -> int:
 
 
 def node_command(node: int, hostfile: Path, port: int, config: Path) -> list[str]:
-    """The README's per-node command for the case without ssh, for node `node` of NODES with one rank each."""
+    """The per-node command of docs/multinode.md for the case without ssh, for node `node` of NODES with one rank each."""
     return [str(ROOT / ".venv" / "bin" / "deepspeed"), "--hostfile", str(hostfile), "--no_ssh",
             "--num_nodes", str(NODES), "--node_rank", str(node), "--num_gpus", "1",
             "--master_addr", "127.0.0.1", "--master_port", str(port),

@@ -3,7 +3,7 @@ merged push delivers.
 
 In bfloat16 the probe's tolerance must leave room for vLLM's and the trainer's kernels (the GPU recipes: 0.5
 nats), and one step at lr 1e-6 moves the probe's log-probabilities by far less: a push that did not land would
-pass it. `rollout.check_weight_sums` compares the sums of the pushed tensors with the engine's parameters', which
+pass it. `weight_sync.check_weight_sums` compares the sums of the pushed tensors with the engine's parameters', which
 is exact and blind to kernels. The stand-in engine is tests/test_sleep_order.py's (vLLM's `LLM` as the step
 uses it; `collective_rpc` with a function calls it with the worker, entrypoints/llm.py lines 574-595).
 """
@@ -22,6 +22,7 @@ import canoe
 import lora
 import packing
 import rollout
+import weight_sync
 from config import LORA_TARGETS, Config
 from test_sleep_order import (IllegalAddress, SleepModeEngine, cuda_kernels, fixed_rewards, make_run,  # noqa: F401
                               process_group, tiny_model)
@@ -31,21 +32,21 @@ def test_weight_sums_see_through_fused_and_padded_layouts_but_not_a_changed_valu
     torch.manual_seed(0)
     q, k, v = (torch.randn(64, 32).bfloat16() for _ in range(3))
     embedding = torch.randn(50, 32).bfloat16()
-    pushed, engine = rollout.WeightSums(), rollout.WeightSums()
+    pushed, engine = weight_sync.WeightSums(), weight_sync.WeightSums()
     for tensor in (q, k, v, embedding):
         pushed.add(tensor)
     padded = torch.cat([embedding, torch.zeros(14, 32, dtype=torch.bfloat16)])  # vocabulary padded to 64 rows
     for tensor in (torch.cat([q, k, v]), padded):  # vLLM's fused qkv_proj
         engine.add(tensor)
-    assert rollout.check_weight_sums(pushed, engine) <= 1e-12
+    assert weight_sync.check_weight_sums(pushed, engine) <= 1e-12
     stale = q.clone()
     stale[3, 7] = q[3, 7] + (q[3, 7].abs() * 2**-7).bfloat16() * torch.sign(q[3, 7])  # one bf16 step up
     assert not torch.equal(stale, q)
-    engine = rollout.WeightSums()
+    engine = weight_sync.WeightSums()
     for tensor in (torch.cat([stale, k, v]), padded):
         engine.add(tensor)
-    with pytest.raises(rollout.WeightSyncError, match="do not sum to what was pushed"):
-        rollout.check_weight_sums(pushed, engine)
+    with pytest.raises(weight_sync.WeightSyncError, match="do not sum to what was pushed"):
+        weight_sync.check_weight_sums(pushed, engine)
 
 
 def test_a_push_that_did_not_land_passes_a_bf16_probe_tolerance_but_not_the_weight_sums(tmp_path, process_group,
@@ -61,14 +62,14 @@ def test_a_push_that_did_not_land_passes_a_bf16_probe_tolerance_but_not_the_weig
             pass
         return 0.0
 
-    monkeypatch.setattr(rollout, "push_weights", stale_push)
-    with pytest.raises(rollout.WeightSyncError, match="do not sum"):
+    monkeypatch.setattr(weight_sync, "push_weights", stale_push)
+    with pytest.raises(weight_sync.WeightSyncError, match="do not sum"):
         canoe.train_step(run)
     # the probe alone would have passed this stale push at the bf16 recipes' tolerance
     prompt, completion = run.probe
     with torch.no_grad():
         trainer = packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])]))[0]
-    assert rollout.check_sync(rollout.vllm_token_logprobs(llm, prompt, completion), trainer, 0.5) < 0.5
+    assert weight_sync.check_sync(weight_sync.vllm_token_logprobs(llm, prompt, completion), trainer, 0.5) < 0.5
 
 
 def test_without_a_checksum_dtype_the_step_pushes_as_before(tmp_path, process_group, monkeypatch):
@@ -90,10 +91,10 @@ def adapted_layer(dtype: torch.dtype, b_scale: float):
 def test_a_merged_bf16_push_loses_an_update_below_half_a_step_of_w_and_the_share_says_so():
     """W ~ 0.02 has a bf16 step of ~1.2e-4; an update of ~1e-6 per entry rounds away entirely in bf16."""
     layer = adapted_layer(torch.bfloat16, 1e-7)
-    exact = lora.exact_delta(layer)
+    exact = weight_sync.exact_delta(layer)
     assert 0 < float(exact.abs().max()) < 1e-5
-    share = lora.DeltaShare()
-    merged = lora.merged_weights(layer, share)["weight"]
+    share = weight_sync.DeltaShare()
+    merged = weight_sync.merged_weights(layer, share)["weight"]
     assert torch.equal(merged, layer.get_base_layer().weight)  # nothing of the update reaches the engine
     assert share.metrics()["sync/lora_delta_reached"] == 0.0
     assert share.metrics()["sync/lora_delta_error"] == pytest.approx(1.0)
@@ -101,18 +102,18 @@ def test_a_merged_bf16_push_loses_an_update_below_half_a_step_of_w_and_the_share
 
 def test_in_float32_the_merge_is_unchanged_and_exact_so_the_share_is_not_measured():
     layer = adapted_layer(torch.float32, 1e-3)
-    share = lora.DeltaShare()
-    merged = lora.merged_weights(layer, share)["weight"]
-    assert torch.equal(merged, lora.merged_weights(copy.deepcopy(layer))["weight"])  # the share only watches
+    share = weight_sync.DeltaShare()
+    merged = weight_sync.merged_weights(layer, share)["weight"]
+    assert torch.equal(merged, weight_sync.merged_weights(copy.deepcopy(layer))["weight"])  # the share only watches
     expected = layer.get_base_layer().weight + layer.get_delta_weight("default")
     assert torch.equal(merged, expected)
-    torch.testing.assert_close(lora.exact_delta(layer), layer.get_delta_weight("default"), rtol=0, atol=0)
+    torch.testing.assert_close(weight_sync.exact_delta(layer), layer.get_delta_weight("default"), rtol=0, atol=0)
     assert share.metrics() == {}  # float32 merges exactly: not measured (it would cost 5x the merge on the CPU)
-    measured = lora.DeltaShare()
-    measured.add(layer.get_base_layer().weight, merged, lora.exact_delta(layer))  # what it would say
+    measured = weight_sync.DeltaShare()
+    measured.add(layer.get_base_layer().weight, merged, weight_sync.exact_delta(layer))  # what it would say
     assert measured.metrics()["sync/lora_delta_reached"] == pytest.approx(1.0, abs=1e-3)
     assert measured.metrics()["sync/lora_delta_error"] < 1e-3
-    nothing = lora.DeltaShare()
+    nothing = weight_sync.DeltaShare()
     nothing.add(layer.get_base_layer().weight, layer.get_base_layer().weight, torch.zeros(1))
     assert nothing.metrics() == {"sync/lora_delta_reached": 1.0, "sync/lora_delta_error": 0.0}
 
@@ -121,7 +122,7 @@ def test_in_float32_the_merge_is_unchanged_and_exact_so_the_share_is_not_measure
 
 
 class LoraEngine(SleepModeEngine):
-    """vLLM 0.32's `LLM(enable_lora=True, max_loras=1, max_cpu_loras=1)` as lora.AdapterPush and the step use it:
+    """vLLM 0.32's `LLM(enable_lora=True, max_loras=1, max_cpu_loras=1)` as weight_sync.AdapterPush and the step use it:
     - `llm_engine.add_lora(request)` reads the PEFT folder only for an id it does not hold (unless
       `load_inplace`), evicting the oldest adapter above its capacity of one (lora/worker_manager.py lines
       289-330); `list_loras()` names the ids held (v1/engine/llm_engine.py lines 469-479);
@@ -184,22 +185,46 @@ def test_the_adapter_push_lands_under_a_new_id_after_the_weights_wake_and_every_
     model = adapted(tiny_model())
     run, _ = make_run(tmp_path, sleep=True, policy=model, beta=0.04)
     run.llm = llm = LoraEngine(tiny_model())
-    run.adapter = lora.AdapterPush(tmp_path / "vllm-adapter" / "rank-0")
+    run.adapter = weight_sync.AdapterPush(tmp_path / "vllm-adapter" / "rank-0")
     for _ in range(2):
         step = canoe.train_step(run)
         assert step.sync_diff <= 1e-4  # vLLM's W + s·B·A, applied apart, is the trainer's policy
     assert llm.list_loras() == {2} and run.adapter.request.lora_int_id == 2
     assert sorted(p.name for p in (tmp_path / "vllm-adapter" / "rank-0").iterdir()) == ["push-2"]  # push-1 dropped
     engine_params = dict(llm.model.named_parameters())
-    for name, tensor in lora.base_weights(run.engine.module, 2):
+    for name, tensor in weight_sync.base_weights(run.engine.module, 2):
         assert torch.equal(engine_params[name], tensor), name  # W exactly as the trainer holds it
     held = llm.held[2]
     layer = model.base_model.model.model.layers[1].mlp.down_proj
-    torch.testing.assert_close(held["model.layers.1.mlp.down_proj.weight"], lora.exact_delta(layer), rtol=0, atol=0)
+    torch.testing.assert_close(held["model.layers.1.mlp.down_proj.weight"], weight_sync.exact_delta(layer), rtol=0, atol=0)
     one_step = ["generate", "sleep(2)", "wake_up(weights)", "reload_weights", "reset_prefix_cache"]
     assert llm.events[:7] == one_step + ["add_lora(1)", "wake_up(kv_cache)"]
     # step 1 sampled the base model (no adapter pushed yet), its probe and step 2 the adapter of push 1, then 2
     assert llm.requests == [None, 1, 1, 2]
+
+
+def test_without_a_discarding_sleep_the_adapter_push_sends_the_adapter_alone(tmp_path, process_group, monkeypatch):
+    """Issue 37, item 4: W is frozen and the engine loaded it at start, so an engine that does not sleep gets only
+    the adapter; the weight-sum check still covers W (its sums computed once), and the adapter's part is timed."""
+    from test_lora import adapted
+
+    monkeypatch.setattr(canoe, "score", fixed_rewards)
+    model = adapted(tiny_model())
+    run, _ = make_run(tmp_path, sleep=False, policy=model, beta=0.04)
+    run.llm = llm = LoraEngine(tiny_model())
+    run.adapter = weight_sync.AdapterPush(tmp_path / "vllm-adapter" / "rank-0")
+    run.checksum = torch.float32  # the weight-sum check, as outside float32
+    for _ in range(2):
+        step = canoe.train_step(run)
+        assert step.sync_diff <= 1e-4
+        assert step.push_metrics["sync/weight_sums_gap"] <= 1e-12
+        assert 0 < run.times["adapter_push"] <= run.times["weight_push"]
+    assert "reload_weights" not in llm.events
+    assert [e for e in llm.events if e.startswith("add_lora")] == ["add_lora(1)", "add_lora(2)"]
+    with torch.no_grad():  # a W that did not land would now be seen: the engine's W is no longer the trainer's
+        next(llm.model.parameters()).add_(1e-3)
+    with pytest.raises(weight_sync.WeightSyncError, match="do not sum"):
+        canoe.train_step(run)
 
 
 def test_an_adapter_the_engine_does_not_hold_stops_the_run(tmp_path):
@@ -208,8 +233,8 @@ def test_an_adapter_the_engine_does_not_hold_stops_the_run(tmp_path):
             return False
 
     model = lora.wrap(tiny_model(), rank=4, alpha=8.0, dropout=0.0, target_modules=LORA_TARGETS)
-    push = lora.AdapterPush(tmp_path)
-    with pytest.raises(rollout.WeightSyncError, match="adapter push failed"):
+    push = weight_sync.AdapterPush(tmp_path)
+    with pytest.raises(weight_sync.WeightSyncError, match="adapter push failed"):
         push.push(Forgetful(tiny_model()), model, 2)
     engine = LoraEngine(tiny_model())
     push.push(engine, model, 2)
@@ -230,7 +255,7 @@ def test_the_adapter_push_is_the_default_outside_float32_and_the_engine_gets_lor
 
     seen = []
     monkeypatch.setattr(rollout, "LLM", lambda **kwargs: seen.append(kwargs))
-    monkeypatch.setattr(rollout, "keep_cpu_linear_weights", lambda: None)
+    monkeypatch.setattr(weight_sync, "keep_cpu_linear_weights", lambda: None)
     for rank in (0, 4, 16):
         rollout.make_engine("m", dtype="bfloat16", seed=0, max_model_len=64, gpu_memory_utilization=0.5,
                             enable_sleep_mode=True, lora_rank=rank)

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import rollout
-from rollout import Completion, WeightSyncError, check_sync, extract_long_answer, substitute_context
+import weight_sync
+from rollout import Completion, extract_long_answer, substitute_context
+from weight_sync import WeightSyncError, check_sync
 
 CASES = Path(__file__).resolve().parent / "cases" / "canoe_reward_cases.json"
 
@@ -164,11 +166,32 @@ def test_a_sleeping_engine_offloads_its_cuda_graphs(monkeypatch):
     assert "sleep_mode_offload_cudagraph" in {f.name for f in dataclasses.fields(EngineArgs)}  # the installed vLLM's
     seen = []
     monkeypatch.setattr(rollout, "LLM", lambda **kwargs: seen.append(kwargs))
-    monkeypatch.setattr(rollout, "keep_cpu_linear_weights", lambda: None)
+    monkeypatch.setattr(weight_sync, "keep_cpu_linear_weights", lambda: None)
     for sleep in (True, False):
         rollout.make_engine("m", dtype="bfloat16", seed=0, max_model_len=64, gpu_memory_utilization=0.5,
                             enable_sleep_mode=sleep)
     assert [(k["enable_sleep_mode"], k["sleep_mode_offload_cudagraph"]) for k in seen] == [(True, True), (False, False)]
+
+
+def test_the_trainer_draws_its_own_seed_after_the_engine_seeded_torch(monkeypatch):
+    """Issue 37, item 5: vLLM's worker ends its start-up with `set_random_seed(seed)` (the real function is called
+    here, as the worker calls it), alike on every rank; make_engine seeds torch with the rank's seed after it."""
+    from vllm.utils.torch_utils import set_random_seed
+
+    def starting_engine(**kwargs):
+        set_random_seed(kwargs["seed"])
+
+    monkeypatch.setattr(rollout, "LLM", starting_engine)
+    monkeypatch.setattr(weight_sync, "keep_cpu_linear_weights", lambda: None)
+    draws = []
+    for rank in (0, 1):
+        torch.manual_seed(7 + rank)  # the trainer's seeding before the engine (canoe.setup)
+        rollout.make_engine("m", dtype="float32", seed=7, max_model_len=64, gpu_memory_utilization=0.5,
+                            enable_sleep_mode=False, trainer_seed=7 + rank)
+        draws.append(torch.rand(4))
+    assert torch.equal(draws[0], torch.rand(4, generator=torch.Generator().manual_seed(7)))  # rank 0 as before
+    assert torch.equal(draws[1], torch.rand(4, generator=torch.Generator().manual_seed(8)))  # rank 1 its own
+    assert not torch.equal(draws[0], draws[1])
 
 
 # ---------------------------------------------------------------------------- seeds on CUDA (issue 30, item 2)

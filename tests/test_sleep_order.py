@@ -33,6 +33,7 @@ import canoe
 import optimizer
 import data
 import rollout
+import weight_sync
 from config import Config
 
 VOCAB = 64
@@ -136,8 +137,8 @@ def tiny_model() -> LlamaForCausalLM:
 
 @pytest.fixture(autouse=True)
 def cuda_kernels(monkeypatch):
-    """The stand-in is a CUDA engine: it has no packed CPU kernels for `rollout.push_weights` to re-pack."""
-    monkeypatch.setattr(rollout, "cpu_kernels_are_packed", lambda: False)
+    """The stand-in is a CUDA engine: it has no packed CPU kernels for `weight_sync.push_weights` to re-pack."""
+    monkeypatch.setattr(weight_sync, "cpu_kernels_are_packed", lambda: False)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,557 @@
+"""The weight sync: the trainer's weights into the colocated vLLM engine after every update, and the proof they landed.
+
+A GRPO trainer samples from the policy it trains, so after each optimizer step vLLM must hold the new weights. This
+file is the whole path, in the order a step takes it:
+
+1. **What is pushed** (`iter_full_parameters`, `policy_weights`, `base_weights`): every parameter under its Hugging
+   Face name. Under ZeRO-3 each module's own parameters are gathered, copied and released before the next module,
+   so the whole model is never gathered at once. With LoRA (lora.py) vLLM gets W + s·B·A, built in a new tensor
+   (the trainer's modules stay unmerged, W bit-identical for the whole run), or, outside float32, W and the
+   adapter apart (`AdapterPush`): a bfloat16 W + s·B·A loses every entry of s·B·A below half a step of W
+   (`DeltaShare` measures how much).
+2. **Loading** (`push_weights`, `push`): vLLM's in-place `reload_weights`, then, on the CPU, the packed linear
+   kernels rebuilt from the new values (`keep_cpu_linear_weights`: without it the push lands in parameters that
+   no kernel reads), then the prefix cache dropped.
+3. **The checks**: vLLM's log-probabilities of a fixed probe completion against the trainer's (`check_sync`; a
+   sync that silently fails is the most common bug in GRPO trainers), and outside float32, where the probe's
+   tolerance must leave room for two sets of bfloat16 kernels, the sums of the pushed weights against the
+   engine's (`check_weight_sums`: exact, blind to the kernels).
+4. **Memory hand-over** on CUDA: vLLM sleeps at level 2 from the end of sampling until the push
+   (`sleep_engine`), then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
+
+canoe.push_and_verify calls these in that order. The original CANOE code (TRL's GRPOTrainer with a vLLM server)
+trusted the sync; every push is verified here (docs/DESIGN.md, "Deliberate differences").
+"""
+
+from __future__ import annotations
+
+import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
+
+import shutil
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import deepspeed
+import torch
+import torch.nn.functional as F
+from peft import PeftModel
+from peft.tuners.lora import LoraLayer
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+from vllm.model_executor.layers import utils as vllm_layer_utils
+from vllm.platforms import current_platform
+
+import lora
+from lora import hf_name, is_lora
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The trainer's weights, as vLLM holds them
+
+
+class WeightSyncError(RuntimeError):
+    """vLLM's weights do not match the trainer's after a push."""
+
+
+def iter_full_parameters(model: torch.nn.Module, zero_stage: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, full tensor) for every parameter of the (DeepSpeed-wrapped) `model.module`, a shared one once.
+
+    ZeRO-2 keeps full parameters on every rank, so they are yielded as they are. ZeRO-3 partitions them: each
+    module's own parameters are gathered, copied out and released before the next module is touched
+    (`own_full_parameters`), so at most one module is ever whole (never the whole model). Every rank must consume
+    the iterator in step, because a gather is a collective.
+
+    A parameter held by two modules (a tied input embedding and output head: `tie_word_embeddings`, Qwen2.5 up to
+    3B, Llama-3.2, SmolLM2) is yielded once, under its first name (`model.embed_tokens.weight`), on both paths:
+    `named_parameters` skips repeats itself (torch/nn/modules/module.py, `_named_members` with remove_duplicate),
+    and the module walk keeps the ids it has seen. vLLM makes the head the embedding's Parameter (qwen2.py line
+    487, llama.py line 510, vllm/model_executor/models/) and loads a tied tensor under one name only (utils.py
+    lines 255-259, `AutoWeightsLoader`), so the engine's `parameters()` hold it once too (`check_weight_sums`).
+    """
+    if zero_stage < 3:
+        for name, param in model.named_parameters():
+            yield name, param.detach()
+        return
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        for name, tensor in own_full_parameters(module, zero_stage, seen):
+            yield (f"{module_name}.{name}" if module_name else name), tensor
+
+
+def own_full_parameters(module: torch.nn.Module, zero_stage: int,
+                        seen: set[int] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """(name, full tensor) for the parameters `module` holds itself (not its children's).
+
+    ZeRO-2: the parameters as they are. ZeRO-3: gathered and copied, because vLLM may buffer tensors until a
+    whole layer has arrived and the gathered storage is freed when the gather ends. A collective under ZeRO-3:
+    every rank must call it for the same module. `seen` (ids of parameters already yielded by an earlier module,
+    updated here) leaves out a parameter that another module shares, such as a tied output head.
+    """
+    own = list(module.named_parameters(recurse=False))
+    if seen is not None:
+        own = [(name, p) for name, p in own if id(p) not in seen]
+        seen.update(id(p) for _, p in own)
+    if zero_stage < 3 or not own:
+        return [(name, p.detach()) for name, p in own]
+    with deepspeed.zero.GatheredParameters([p for _, p in own]):
+        return [(name, p.detach().clone()) for name, p in own]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# LoRA: the merged weights W + s·B·A, or the base W for an engine that applies the adapter
+
+
+class DeltaShare:
+    """How much of the adapters' update s·B·A survives in the merged weights W + s·B·A that vLLM receives.
+
+    The merged weight is held in the weights' dtype. In bfloat16 (8 bits of mantissa) an entry of s·B·A smaller
+    than half a bfloat16 step of its W rounds away: W + Δ == W. DeepSpeed casts every parameter to bfloat16,
+    the adapters included (deepspeed/runtime/engine.py lines 2080-2088), and PEFT's `get_delta_weight` computes
+    s·B·A in the adapters' dtype (peft/tuners/lora/layer.py lines 1044-1072; upcast to float32 only on the CPU,
+    line 1058, and cast back, lines 1069-1070), so early in a LoRA run in bfloat16 (B starts at 0) a merged push
+    would make vLLM sample nearly the base model while the trainer computes the adapters. `add` accumulates, over the adapted modules
+    of one push, ||Δ||² and ||round(W + Δ) − W||² and ||round(W + Δ) − W − Δ||², with Δ in float32; `metrics`
+    gives `sync/lora_delta_reached` = ||round(W + Δ) − W|| / ||Δ|| (about 1 when the update arrives, 0 when it
+    is lost) and `sync/lora_delta_error` = ||round(W + Δ) − W − Δ|| / ||Δ|| (0 when it arrives exactly); 1 and 0
+    when Δ = 0 (nothing to deliver). It is measured only where the merge rounds to fewer bits than float32
+    (`merged_weights`): in float32, the CPU default, a merged entry is exact to ~1e-7 of W, and measuring costs
+    about 5x the merge itself on the 2-core CPU (9 s a push for Qwen2.5-0.5B, measured), which would shorten the
+    default run by several steps. Nothing measured (float32, or the adapter pushed apart): no metrics.
+    """
+
+    def __init__(self):
+        self.measured = False
+        self.delta = self.reached = self.error = 0.0  # sums of squares
+
+    @torch.no_grad()
+    def add(self, base: torch.Tensor, merged: torch.Tensor, delta: torch.Tensor) -> None:
+        self.measured = True
+        reached = merged.float() - base.float()
+        self.delta += float(delta.float().square().sum())
+        self.reached += float(reached.square().sum())
+        self.error += float((reached - delta.float()).square().sum())
+
+    def metrics(self) -> dict[str, float]:
+        if not self.measured:
+            return {}
+        if self.delta == 0:
+            return {"sync/lora_delta_reached": 1.0, "sync/lora_delta_error": 0.0}
+        return {"sync/lora_delta_reached": (self.reached / self.delta) ** 0.5,
+                "sync/lora_delta_error": (self.error / self.delta) ** 0.5}
+
+
+def merged_weights(layer: LoraLayer, share: DeltaShare | None = None) -> dict[str, torch.Tensor]:
+    """`{"weight": W + s·B·A, "bias": b}` of one adapted layer, as new tensors (the layer is not changed).
+
+    The delta comes from PEFT's own `get_delta_weight` (the rule its `merge()` applies), summed over the active
+    adapters. The caller gathers the layer's parameters first under ZeRO-3. `share` (optional) records, outside
+    float32, how much of the delta the merged weight holds (`DeltaShare`); the delta it is compared with is s·B·A
+    computed in float32 from the adapters' values.
+    """
+    base = layer.get_base_layer()
+    weight = base.weight.detach().clone()
+    deltas = []
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
+            deltas.append(layer.get_delta_weight(adapter).detach())
+            weight += deltas[-1].to(weight.dtype)
+    if share is not None and deltas and weight.dtype != torch.float32:  # float32 merges exactly (DeltaShare)
+        share.add(base.weight.detach(), weight, exact_delta(layer))
+    merged = {"weight": weight}
+    if getattr(base, "bias", None) is not None:
+        merged["bias"] = base.bias.detach().clone()
+    return merged
+
+
+@torch.no_grad()
+def exact_delta(layer: LoraLayer) -> torch.Tensor:
+    """Σ over the active adapters of s·B·A in float32 (PEFT's `get_delta_weight` rule for a linear layer, computed
+    from the adapters' values upcast first, as PEFT does on the CPU), the update the merge should deliver."""
+    delta = torch.zeros(layer.get_base_layer().weight.shape, dtype=torch.float32,
+                        device=layer.get_base_layer().weight.device)
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A:
+            product = layer.lora_B[adapter].weight.float() @ layer.lora_A[adapter].weight.float()
+            delta += (product.T if layer.fan_in_fan_out else product) * layer.scaling[adapter]
+    return delta
+
+
+def policy_weights(model: torch.nn.Module, zero_stage: int,
+                   share: DeltaShare | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (Hugging Face name, full tensor) of every weight of the policy, as vLLM and a model folder hold them.
+
+    A plain model: its parameters (`iter_full_parameters`). A PEFT model: every adapted module's merged
+    weight W + s·B·A (`merged_weights`) and every other parameter as it is, under the base model's names; the
+    adapters themselves are not yielded. Under ZeRO-3 one module at a time is gathered, and every rank must
+    consume the iterator in step (a gather is a collective). `share` records how much of each adapted module's
+    delta its merged weight holds (`DeltaShare`). A tied parameter is yielded once (`iter_full_parameters`).
+    """
+    if not is_lora(model):
+        yield from iter_full_parameters(model, zero_stage)
+        return
+    adapted: list[str] = []  # names of LoRA layers seen so far: their sub-modules are inside the merge
+    seen: set[int] = set()  # ids of the parameters yielded so far (a tied head is the embedding's parameter)
+    for name, module in model.named_modules():
+        if any(name.startswith(prefix + ".") for prefix in adapted):
+            continue
+        if isinstance(module, LoraLayer):
+            adapted.append(name)
+            with lora.gathered(list(module.parameters()), zero_stage):
+                merged = merged_weights(module, share)
+            yield from ((f"{hf_name(name)}.{key}", tensor) for key, tensor in merged.items())
+            continue
+        yield from ((hf_name(f"{name}.{key}"), tensor) for key, tensor in own_full_parameters(module, zero_stage, seen))
+
+
+def base_weights(model: PeftModel, zero_stage: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (Hugging Face name, full tensor) of every base weight W of a PEFT model, the adapters left out: what an
+    engine that applies the adapter itself (`AdapterPush`) holds. Under ZeRO-3 one module at a time is gathered; a
+    tied parameter is yielded once (`iter_full_parameters`).
+
+    vLLM's in-place reload finds a LoRA-wrapped layer's weight under its plain name (vllm/model_executor/
+    model_loader/reload/inplace.py lines 21-29, `get_parameter_for_reload` steps into `base_layer`, and lines
+    65-68 list the parameters with ".base_layer." removed when LoRA is on).
+    """
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        for key, tensor in own_full_parameters(module, zero_stage, seen):
+            name = f"{module_name}.{key}" if module_name else key
+            if "lora_" not in name:
+                yield hf_name(name).replace(".base_layer.", "."), tensor
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loading into the engine
+
+
+# vLLM's own dispatch, kept before keep_cpu_linear_weights replaces the module attribute.
+VLLM_CPU_DISPATCH = vllm_layer_utils.dispatch_cpu_unquantized_gemm
+
+
+def keep_cpu_linear_weights(packed: bool = True) -> None:
+    """Make vLLM's CPU backend keep its linear weights as ordinary parameters, so that a push can reach them.
+
+    At load time vLLM's CPU backend hands every 2-D linear weight to `dispatch_cpu_unquantized_gemm`
+    (vllm/model_executor/layers/utils.py, called from `UnquantizedLinearMethod.process_weights_after_loading` in
+    layers/linear.py with `remove_weight=True`, and for the output embedding from vocab_parallel_embedding.py),
+    which builds a packed oneDNN or SGL kernel from a *copy* of the weight and, by default, replaces the
+    parameter by an empty tensor. `reload_weights` then loads new values that no kernel reads: the push
+    "succeeds" and generation goes on from the old weights (measured here: 2.4 nats of disagreement after one
+    perturbed push).
+
+    - `packed=True` (what training uses): vLLM's own dispatch with `remove_weight=False`. The parameters keep
+      their values, `reload_weights` writes into them, and `repack_cpu_linear` rebuilds the packed kernels from
+      them after every push (`push_weights` does it). Decode runs at vLLM's packed speed (bench/RESULTS.md,
+      "Decode step").
+    - `packed=False`: every 2-D linear layer runs `torch.nn.functional.linear` on its parameter, so a push lands
+      with nothing more to do, at 2-2.5x the decode time of the packed kernels on this CPU.
+
+    Process-wide (it replaces the module attribute vLLM imports at load time); call it before creating an engine.
+    """
+    current = vllm_layer_utils.dispatch_cpu_unquantized_gemm
+    if getattr(current, "packed", None) == packed:
+        return
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        if packed or layer.weight.ndim != 2 or layer.weight.is_meta:
+            return VLLM_CPU_DISPATCH(layer, remove_weight=False)
+        layer.cpu_linear = lambda x, weight, bias: F.linear(x, weight, bias)
+
+    dispatch.packed = packed
+    vllm_layer_utils.dispatch_cpu_unquantized_gemm = dispatch
+
+
+def _repack_worker(worker) -> int:
+    """In the worker (this process): run vLLM's CPU dispatch again on every linear layer that has a packed
+    kernel, so the kernel is rebuilt from the parameter's current values. Returns the number of layers."""
+    count = 0
+    for module in worker.model_runner.model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2 and weight.numel():
+            VLLM_CPU_DISPATCH(module, remove_weight=False)
+            count += 1
+    return count
+
+
+def repack_cpu_linear(llm) -> int:
+    """Rebuild the CPU engine's packed linear kernels from its (just reloaded) parameters; returns the layer
+    count. vLLM calls a function passed to `collective_rpc` with each worker (in-process here)."""
+    return sum(llm.collective_rpc(_repack_worker))
+
+
+def cpu_kernels_are_packed() -> bool:
+    """Whether CPU engines created now use vLLM's packed kernels (and so need `repack_cpu_linear` after a push)."""
+    return not torch.cuda.is_available() and getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", True)
+
+
+def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bool | None = None) -> float:
+    """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache. Returns seconds.
+
+    On the CPU with packed kernels, the kernels are rebuilt from the new parameters (`repack`; None means "when
+    the engine's kernels are packed"). `repack=False` there leaves the engine generating from the old weights:
+    the push verification (`check_sync`) must then fail, which tests/test_rollout.py shows.
+    """
+    start = time.perf_counter()
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+    if cpu_kernels_are_packed() if repack is None else repack:
+        repack_cpu_linear(llm)
+    # Cached KV blocks were computed by the old weights.
+    llm.reset_prefix_cache()
+    return time.perf_counter() - start
+
+
+class AdapterPush:
+    """The adapters themselves pushed into vLLM's LoRA support, so that no update is lost to rounding in W + s·B·A.
+
+    vLLM computes W·x + s·B·(A·x) with the adapter kept apart from W (`LLM(enable_lora=True)`, rollout.make_engine),
+    so an update too small to change a bfloat16 W still reaches the samples (`DeltaShare` measures what a merged
+    push would lose). Each push writes the adapter in PEFT's format into a folder of this rank's and loads it as
+    a NEW adapter id: vLLM loads an id once and then only reuses it (vllm/lora/worker_manager.py lines 289-330,
+    LRUCacheWorkerLoRAManager.add_adapter: an id already in the cache is not read again unless `load_inplace`,
+    and `load_inplace` would re-read the folder at every scheduler step, since the adapters of a batch are
+    applied with add_adapter on each model run, lines 274-287). The engine keeps one adapter (max_loras and
+    max_cpu_loras 1, vllm/config/lora.py lines 35-44 and 120-121), so loading the new one evicts the previous one
+    (worker_manager.py lines 311-315); the push checks that the engine holds exactly the new id and raises
+    WeightSyncError otherwise. Every request then names it (`request`, passed as `lora_request` to
+    `LLM.generate`). The LoRA slots are allocated while the model loads, in the "weights" memory pool
+    (vllm/v1/worker/gpu_worker.py lines 587-594, the model runner's `load_lora_model`, gpu_model_runner.py line
+    5067), so a level-2 sleep discards them with the weights; the new id is activated into its slot when it is
+    added, after the weights are woken (canoe.push_and_verify's order), so the slot is rewritten then. With LoRA in vLLM the adapter's own values are held in the engine's dtype (lora_dtype "auto",
+    vllm/config/lora.py lines 138-139): relative rounding of the adapter, not of W + s·B·A.
+    """
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.count = 0
+        self.request = None  # the LoRARequest of the adapter the engine holds
+        self.seconds = 0.0  # the last push's write and load of the adapter (canoe logs it as time/adapter_push)
+        self._base_sums: dict[torch.dtype, WeightSums] = {}
+
+    def base_sums(self, model: PeftModel, zero_stage: int, dtype: torch.dtype) -> WeightSums:
+        """The WeightSums of the base weights W as the engine holds them (cast to `dtype`). W is frozen, so they
+        are computed once (every rank walks, a collective under ZeRO-3) and are what a push of W would add up."""
+        if dtype not in self._base_sums:
+            sums = WeightSums()
+            for _ in summed(base_weights(model, zero_stage), sums, dtype):
+                pass
+            self._base_sums[dtype] = sums
+        return self._base_sums[dtype]
+
+    def push(self, llm, model: PeftModel, zero_stage: int) -> float:
+        """Write the current adapter, load it under a new id and drop the previous folder; returns seconds. Every
+        rank calls it (the adapter's parameters are gathered under ZeRO-3), each writes its own folder."""
+        from vllm.lora.request import LoRARequest
+
+        start = time.perf_counter()
+        state = lora.adapter_state(model, zero_stage)
+        self.count += 1
+        path = self.folder / f"push-{self.count}"
+        model.save_pretrained(str(path), state_dict=state)
+        request = LoRARequest(f"policy-{self.count}", self.count, str(path))
+        llm.llm_engine.add_lora(request)
+        held = set(llm.llm_engine.list_loras())
+        if held != {self.count}:
+            raise WeightSyncError(f"adapter push failed: vLLM holds the adapters {sorted(held)}, not only the new "
+                                  f"{self.count}; the engine would not sample from the adapter being trained")
+        if self.request is not None:
+            shutil.rmtree(self.request.lora_path, ignore_errors=True)
+        self.request = request
+        self.seconds = time.perf_counter() - start
+        return self.seconds
+
+
+def request_kwargs(lora_request) -> dict:
+    """`LLM.generate`'s keyword for the adapter to apply (`AdapterPush.request`); none at all without one."""
+    return {} if lora_request is None else {"lora_request": lora_request}
+
+
+def push(llm, model: torch.nn.Module, zero_stage: int, *, adapter: AdapterPush | None = None, base: bool = True,
+         share: DeltaShare | None = None, sums: WeightSums | None = None, dtype: torch.dtype | None = None) -> float:
+    """The trainer's weights into the engine; returns seconds. `sums` adds up what the engine should now hold, cast
+    to the engine's `dtype`, for `check_weight_sums`.
+
+    Without `adapter`: `policy_weights` (with LoRA the merged W + s·B·A, their delivered share recorded in
+    `share`). With it: the base weights W, exactly as the trainer holds them, where `base` says the engine lost
+    them (a level-2 sleep discards them), then the adapter (`AdapterPush`). W is frozen and the engine loaded the
+    same W from the model folder at start, so without a sleep W is pushed never, and its sums come from
+    `AdapterPush.base_sums`: the push is the adapter alone (issue 37, item 4: pushing W every step was work
+    that only a discarding sleep makes necessary).
+    """
+    if adapter is None:
+        weights = policy_weights(model, zero_stage, share)
+        return push_weights(llm, summed(weights, sums, dtype) if sums is not None else weights)
+    seconds = push_weights(llm, base_weights(model, zero_stage)) if base else 0.0
+    if sums is not None:
+        sums.add_sums(adapter.base_sums(model, zero_stage, dtype))
+    return seconds + adapter.push(llm, model, zero_stage)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The checks: the probe's log-probabilities, and the weights' sums
+
+
+PROBE_PROMPT_TOKENS = 48
+
+
+def make_probe(tokenizer, prompt_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    """A fixed prompt and completion whose log-probabilities vLLM and the trainer must agree on after a push.
+
+    The prompt is the last PROBE_PROMPT_TOKENS tokens of a training prompt (the question and the assistant turn's
+    opening): every weight acts on every token, so a short probe catches a push that did not land as well as a
+    long one, and checking it costs ~0.45 s a step instead of ~0.9 s with the whole prompt (SmolLM2, 2 cores).
+    """
+    completion = ("<think>The passage answers the question directly.</think>\n<long_answer>According to the "
+                  "passage, the answer is stated in its first sentence.</long_answer>\n<answer>")
+    ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+    return list(prompt_ids)[-PROBE_PROMPT_TOKENS:], list(ids)
+
+
+def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                        lora_request=None) -> torch.Tensor:
+    """vLLM's log-probabilities of `completion_ids` after `prompt_ids`, `(T,)` float32 (prompt logprobs)."""
+    ids = list(prompt_ids) + list(completion_ids)
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    output = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False, **request_kwargs(lora_request))[0]
+    # prompt_logprobs[t] holds the logprob of ids[t] given ids[:t] (entry 0 is None).
+    steps = output.prompt_logprobs[len(prompt_ids) :]
+    return torch.tensor([step[token].logprob for step, token in zip(steps, completion_ids)], dtype=torch.float32)
+
+
+def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tolerance: float) -> float:
+    """Raise WeightSyncError unless the two `(T,)` log-probability vectors agree within `tolerance` (max |Δ|).
+
+    Returns the max absolute difference (logged every step as `sync/push_max_abs_diff`).
+    """
+    assert vllm_logprobs.shape == trainer_logprobs.shape, (vllm_logprobs.shape, trainer_logprobs.shape)
+    diff = (vllm_logprobs.float() - trainer_logprobs.float().cpu()).abs()
+    worst = float(diff.max())
+    if not worst <= tolerance:  # also catches NaN
+        position = int(diff.argmax())
+        raise WeightSyncError(
+            f"weight push failed verification: vLLM and the trainer disagree on the probe completion by "
+            f"{worst:.3g} nats at token {position} (vLLM {float(vllm_logprobs[position]):.4f}, trainer "
+            f"{float(trainer_logprobs[position]):.4f}; tolerance {tolerance:g}, mean |diff| {float(diff.mean()):.3g}). "
+            f"The engine is not generating from the weights being trained; stopping."
+        )
+    return worst
+
+
+@dataclass
+class WeightSums:
+    """Σw, Σ|w| and Σw² in float64 over a set of weight tensors: a checksum of a push that needs no name mapping.
+
+    vLLM holds some weights fused (q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj`) and pads the
+    vocabulary rows of the embedding with zeros at every load (vllm/model_executor/layers/vocab_parallel_embedding.py
+    lines 519-520), so its parameters are not the pushed tensors one for one, but sums over them are the same:
+    the sums over what the trainer pushed equal the sums over the engine's parameters exactly when every pushed
+    value landed (up to float64 summation order, ~1e-15 relatively). Computed in chunks, so that no float64 copy
+    of a whole tensor is made.
+    """
+
+    total: float = 0.0
+    absolute: float = 0.0
+    squares: float = 0.0
+
+    CHUNK = 1 << 24
+
+    @torch.no_grad()
+    def add(self, tensor: torch.Tensor) -> None:
+        for chunk in tensor.detach().reshape(-1).split(self.CHUNK):
+            chunk = chunk.double()
+            self.total += float(chunk.sum())
+            self.absolute += float(chunk.abs().sum())
+            self.squares += float(chunk.square().sum())
+
+    def add_sums(self, other: WeightSums) -> None:
+        """Add the sums of another set of tensors (this set and that one, as if added tensor by tensor)."""
+        self.total += other.total
+        self.absolute += other.absolute
+        self.squares += other.squares
+
+
+# Relative disagreement of two WeightSums above which a push did not land (float64 summation in another order
+# differs by ~1e-15; one step of a bf16 run changes the sums by far more, see check_weight_sums).
+WEIGHT_SUMS_TOLERANCE = 1e-10
+
+
+def summed(weights: Iterable[tuple[str, torch.Tensor]], sums: WeightSums,
+           dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """`weights` passed on unchanged, each added to `sums` as the engine will hold it (cast to its `dtype`)."""
+    for name, tensor in weights:
+        sums.add(tensor.to(dtype))
+        yield name, tensor
+
+
+def _engine_sums_worker(worker) -> WeightSums:
+    sums = WeightSums()
+    for param in worker.model_runner.model.parameters():
+        sums.add(param)
+    return sums
+
+
+def engine_weight_sums(llm) -> WeightSums:
+    """The WeightSums of the engine's parameters (vLLM calls a function given to `collective_rpc` with its worker;
+    one worker here, tensor parallel 1). Shared parameters count once, as in the trainer's `named_parameters`."""
+    return llm.collective_rpc(_engine_sums_worker)[0]
+
+
+def check_weight_sums(pushed: WeightSums, engine: WeightSums, tolerance: float = WEIGHT_SUMS_TOLERANCE) -> float:
+    """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns the larger relative gap.
+
+    What it detects: any pushed value that did not land as sent (a stale or partial push, a push into an engine
+    whose memory was remapped, weights that vLLM changed after loading). Σw and Σw² both move unless the changes
+    cancel in both, which a step's update does not do: in bfloat16 a weight that changes moves by one rounding step
+    (2^-8 of its size), so a step that changes K of N weights of mean square w² moves Σw² by about
+    2^-7 · sqrt(K) · w², a relative change of ~1e-8 for K = 1e6 of N = 8e9, far above the tolerance (1e-10) and
+    far below what the probe can see. What it cannot detect: an engine that computes wrongly from the right
+    weights (stale packed CPU kernels, an adapter applied wrongly) and weights vLLM holds that are not pushed; the
+    probe (`check_sync`) covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not
+    parameters (vllm/lora/layers/base_linear.py line 133), so with the adapter pushed apart the sums cover W; the
+    adapter is checked by its id (`AdapterPush`).
+    """
+    gap = max(abs(pushed.total - engine.total) / max(pushed.absolute, 1e-30),
+              abs(pushed.squares - engine.squares) / max(pushed.squares, 1e-30))
+    if not gap <= tolerance:
+        raise WeightSyncError(
+            f"weight push failed verification: the engine's weights do not sum to what was pushed (Σw {engine.total:.12g} "
+            f"vs {pushed.total:.12g}, Σw² {engine.squares:.12g} vs {pushed.squares:.12g}; relative gap {gap:.3g}, "
+            f"tolerance {tolerance:g}). Some pushed values did not land; stopping.")
+    return gap
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Memory hand-over between vLLM and the trainer
+
+
+def sleep_supported() -> bool:
+    """vLLM can release its memory between rollouts only on CUDA/ROCm/XPU platforms (not on the CPU)."""
+    return current_platform.is_sleep_mode_available()
+
+
+def sleep_engine(llm, enabled: bool) -> None:
+    """Give vLLM's memory to the trainer after sampling: sleep at level 2, which unmaps the weights and the KV cache.
+
+    The engine stays asleep through the update; `wake_weights`, the push and `wake_kv_cache` follow, in that order,
+    so that weights are only ever written into mapped memory. Level 2 rather than 1: at level 1 vLLM copies every
+    weight allocation to a host buffer at each sleep and copies it back at wake-up (vllm/device_allocator/cumem.py
+    lines 265-276 and 352-360; vllm/device_allocator/sleep_mode_backend.py lines 127-137), about 15 GiB each way
+    per rank and step for an 8B model in bfloat16, and what comes back is the pre-update copy that the push
+    overwrites in full. At level 2 only the module buffers (rotary tables) are kept on the host and put back when
+    the weights wake (vllm/v1/worker/gpu_worker.py lines 300-310 and 340-346); every parameter is pushed.
+    """
+    if enabled:
+        llm.sleep(level=2)
+
+
+def wake_weights(llm, enabled: bool) -> None:
+    """Map vLLM's weight memory again (its contents are undefined after a level-2 sleep until the push)."""
+    if enabled:
+        llm.wake_up(tags=["weights"])
+
+
+def wake_kv_cache(llm, enabled: bool) -> None:
+    """Map the KV cache again; vLLM serves requests only once nothing sleeps (vllm/v1/engine/core.py 1012-1016)."""
+    if enabled:
+        llm.wake_up(tags=["kv_cache"])
