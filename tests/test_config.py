@@ -35,6 +35,13 @@ def test_shipped_configs_load():
         assert cfg.num_generations >= 2, path
 
 
+def test_the_plain_prompt_baseline_is_the_default_prompted_plainly():
+    default, plain = load_config(ROOT / "config.toml"), load_config(ROOT / "recipes" / "plain-prompt.toml")
+    assert plain.prompt_style() == {"system_prompt": "You are a helpful assistant.", "response_prefix": ""}
+    assert (plain.model, plain.eval_file, plain.max_prompt_tokens, plain.max_completion_tokens, plain.seed) == (
+        default.model, default.eval_file, default.max_prompt_tokens, default.max_completion_tokens, default.seed)
+
+
 def test_defaults_are_the_papers():
     cfg = Config()
     assert (cfg.num_generations, cfg.beta, cfg.learning_rate, cfg.temperature) == (7, 0.04, 1e-6, 0.9)
