@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import sys
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -165,7 +164,7 @@ def route_logs(out: Path, rank: int, *, verbose: bool = False) -> dict[str, Path
       calls find that config applied already and leave the handlers alone. Before this call vLLM has no handler
       (lines logged at vLLM's import reach Python's last-resort handler, warnings on stderr, as before).
       `VLLM_CONFIGURE_LOGGING=0` and `VLLM_LOGGING_CONFIG_PATH` (vllm/envs.py lines 847-850) stay the user's:
-      only StreamHandlers on stdout or stderr are raised, any other handler is kept as it is.
+      only stream handlers are raised (not a FileHandler), any other handler is kept as it is.
     * DeepSpeed logs through its "DeepSpeed" logger, made at import by `LoggerFactory.create_logger` at WARNING,
       with one StreamHandler on stdout and `propagate = False` (deepspeed/utils/logging.py lines 42-48, 61): in
       this process it shows warnings only. Here the logger is lowered to INFO, INFO and above go to its own file
@@ -186,9 +185,9 @@ def log_file(out: Path, name: str, rank: int) -> Path:
 
 
 def is_terminal_handler(handler: logging.Handler) -> bool:
-    """A handler that writes to the process's stdout or stderr (a FileHandler is a StreamHandler too)."""
-    return (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
-            and handler.stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__))
+    """A stream handler other than a file's (vLLM's and DeepSpeed's write to stdout; a FileHandler is a
+    StreamHandler too)."""
+    return isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
 
 
 def _to_file(logger: logging.Logger, path: Path, level: int, formatter: logging.Formatter) -> None:
