@@ -2,6 +2,7 @@
 
     deepspeed canoe.py --config config.toml              # train (1 rank on a CPU, one rank per GPU otherwise)
     deepspeed canoe.py --config config.toml --resume     # continue from the run's latest checkpoint
+    deepspeed canoe.py --config config.toml --verbose    # vLLM's log on the terminal too (always in OUTPUT_DIR/vllm.log)
     python canoe.py --config config.toml --eval [--model DIR] [--eval-file F]   # greedy faithfulness evaluation
     python canoe.py --eval --suite confiqa --eval-file F [--predictions P]      # a paper benchmark (evaluate.py)
     python canoe.py --describe-config                    # every config key with its meaning and default
@@ -68,7 +69,7 @@ from grader import MathGrader
 from grpo_loss import decoupled_advantages, group_advantages, grpo_loss, trained_sequences, zero_variance_groups
 from metrics import RunLog, Step, step_metrics, timed, truncate_log, write_run_info
 from rewards import REWARD_FUNCS, REWARD_ISSUES
-from runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype
+from runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs
 
 
 # ==============================================================================================================
@@ -520,7 +521,8 @@ def run_step(run: Run) -> dict[str, float]:
     return step_metrics(run, run.last_step, seconds=time.perf_counter() - start)
 
 
-def train(cfg: Config, resume: bool) -> None:
+def train(cfg: Config, resume: bool, verbose: bool = False) -> None:
+    route_logs(Path(cfg.output_dir), int(os.environ.get("RANK", "0")), verbose=verbose)  # before vLLM starts
     run = setup(cfg, resume=resume)
     log = RunLog(cfg, run.out, enabled=run.rank == 0)
     print0(f"training {cfg.model} for {run.total_steps} steps on {run.world_size} rank(s): "
@@ -568,6 +570,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sample", action="store_true", help="with --eval: the model's own sampling settings, seeded")
     parser.add_argument("--indent-system-prompt", action=argparse.BooleanOptionalAction,
                         help="with --eval: the official evaluation's indented system prompt (default: on with --suite)")
+    parser.add_argument("--verbose", action="store_true", help="training: vLLM's log on the terminal too (always in vllm.log)")
     parser.add_argument("--describe-config", action="store_true", help="print every config key and exit")
     parser.add_argument("--plan-memory", action="store_true",
                         help="print the config's memory plan per GPU (memory_plan.py) and exit; needs no GPU")
@@ -591,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                           predictions=args.predictions, sample=args.sample,
                           indent_system_prompt=args.indent_system_prompt)
         else:
-            train(cfg, resume=args.resume)
+            train(cfg, resume=args.resume, verbose=args.verbose)
     except (ConfigError, data.DataError, memory_plan.ArchitectureError) as error:  # the user's input, not a bug
         raise SystemExit(f"error: {error}") from None
 

@@ -1,4 +1,5 @@
-"""The process around the trainer: environment before torch and vLLM load, the process group, rank-0 printing.
+"""The process around the trainer: environment before torch and vLLM load, the process group, rank-0 printing,
+the quiet console (vLLM's and DeepSpeed's logs to files in the output folder, `route_logs`).
 
 Import this module before torch or vLLM (canoe.py and evaluate.py import it first): two settings only act if
 they are in the environment when those libraries start.
@@ -7,8 +8,10 @@ they are in the environment when those libraries start.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from collections.abc import Collection, Sequence
+from pathlib import Path
 
 # vLLM in-process: rollouts run in the training process itself, no engine subprocess. Read when vLLM is imported.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -167,3 +170,105 @@ def reduce_over_ranks(metrics: dict[str, float], *, keep: Collection[str] = (), 
     if largest:  # the same keys on every rank, so every rank takes part or none does
         combined.update(zip(largest, all_reduce_values([metrics[k] for k in largest], op=dist.ReduceOp.MAX)))
     return combined
+
+
+# ==============================================================================================================
+# The quiet console: vLLM's and DeepSpeed's logs to files in the output folder (`route_logs`)
+# ==============================================================================================================
+
+LOG_FILE_HANDLER = "canoe-log-file"  # the name of the handlers `route_logs` adds, so that a second call replaces them
+
+
+def route_logs(out: Path, rank: int, *, verbose: bool = False) -> dict[str, Path]:
+    """Send this rank's vLLM and DeepSpeed logs to files in `out` (made if missing); returns their paths.
+
+    The terminal keeps the progress bar, rank 0's own lines (`print0`), vLLM's errors and DeepSpeed's warnings and
+    errors. Each rank writes its own files, in append mode (a `--resume` adds to the first run's): `vllm.log` and
+    `deepspeed.log` on rank 0, `vllm-rank-R.log` and `deepspeed-rank-R.log` on rank R > 0. With `verbose`
+    (`canoe.py --verbose`) vLLM's terminal handler is left as vLLM made it, so its full log shows there as well.
+    Call it before the vLLM engine is made. How the two libraries log (vLLM 0.32.0, DeepSpeed 0.19.8):
+
+    * vLLM logs through the "vllm" logger and its children. Its handler comes from vLLM's own `dictConfig`,
+      `DEFAULT_LOGGING_CONFIG` (vllm/logger.py lines 75-109): one StreamHandler named "vllm" on
+      `VLLM_LOGGING_STREAM` (stdout by default, vllm/envs.py line 854) at `VLLM_LOGGING_LEVEL` (INFO, line 852),
+      on the "vllm" logger at that level with `propagate: False`. It is applied not when vLLM is imported but
+      when an engine is made: `LLM(...)` calls `configure_logging_if_needed(engine_args.create_logging_config())`
+      (vllm/entrypoints/llm.py line 339; again engine/arg_utils.py line 2215, v1/engine/llm_engine.py line 68),
+      which applies the config only if it differs from the last one applied in this process (vllm/logger.py
+      lines 306-309). Applying it replaces the logger's handlers (`dictConfig` removes every handler of a logger
+      it configures: Python 3.11 logging/config.py lines 795-797), so a handler set before the engine exists
+      would be dropped. Hence vLLM's config is applied here first, the same `LoggingConfig()` the engine builds
+      (vllm/config/logging.py lines 26-44; `create_logging_config`, engine/arg_utils.py lines 2195-2203, gives
+      that default when no logging argument is passed, and rollout.make_engine passes none), and the logger is
+      then re-handled: a FileHandler at vLLM's level, vLLM's terminal handler raised to ERROR. The engine's own
+      calls find that config applied already and leave the handlers alone. Before this call vLLM has no handler
+      (lines logged at vLLM's import reach Python's last-resort handler, warnings on stderr, as before).
+      `VLLM_CONFIGURE_LOGGING=0` and `VLLM_LOGGING_CONFIG_PATH` (vllm/envs.py lines 847-850) stay the user's:
+      only stream handlers are raised (not a FileHandler), any other handler is kept as it is.
+    * DeepSpeed logs through its "DeepSpeed" logger, made at import by `LoggerFactory.create_logger` at WARNING,
+      with one StreamHandler on stdout and `propagate = False` (deepspeed/utils/logging.py lines 42-48, 61): in
+      this process it shows warnings only. Here the logger is lowered to INFO, INFO and above go to its own file
+      (so that vllm.log holds vLLM alone) and its stdout handler stays at WARNING, in both modes. A `log_level`
+      in the DeepSpeed config would reset the logger and its handlers (deepspeed/runtime/engine.py lines
+      584-585, utils/logging.py lines 193-205); optimizer.deepspeed_config sets none.
+    * The "[INFO] [runner.py:...]" and "[INFO] [launch.py:...]" lines come from the `deepspeed` launcher's own
+      processes, at its `--log_level` (default "info", deepspeed/launcher/runner.py lines 198-200), out of this
+      process's reach: `deepspeed --log_level warning canoe.py ...` quiets them.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    return {"vllm": _route_vllm(out, rank, verbose=verbose), "deepspeed": _route_deepspeed(out, rank)}
+
+
+def log_file(out: Path, name: str, rank: int) -> Path:
+    """`out/NAME.log` on rank 0, `out/NAME-rank-R.log` on rank R > 0."""
+    return out / (f"{name}.log" if rank == 0 else f"{name}-rank-{rank}.log")
+
+
+def is_terminal_handler(handler: logging.Handler) -> bool:
+    """A stream handler other than a file's (vLLM's and DeepSpeed's write to stdout; a FileHandler is a
+    StreamHandler too)."""
+    return isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+
+
+def _to_file(logger: logging.Logger, path: Path, level: int, formatter: logging.Formatter) -> None:
+    """Add (or replace, on a second call) `route_logs`'s FileHandler on `logger`, writing `path` at `level`."""
+    for handler in [h for h in logger.handlers if h.get_name() == LOG_FILE_HANDLER]:
+        logger.removeHandler(handler)
+        handler.close()
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.set_name(LOG_FILE_HANDLER)
+    handler.setLevel(level)
+    handler.setFormatter(formatter)
+    logger.addHandler(handler)
+
+
+def _route_vllm(out: Path, rank: int, *, verbose: bool) -> Path:
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import DEFAULT_LOGGING_CONFIG, configure_logging_if_needed
+    from vllm.logging_utils import NewLineFormatter
+
+    config = LoggingConfig()
+    configure_logging_if_needed(config)  # what the engine does at its start; it then leaves the handlers alone
+    logger = logging.getLogger("vllm")
+    plain = DEFAULT_LOGGING_CONFIG["formatters"]["vllm"]  # vLLM's text format, without the terminal's colours
+    path = log_file(out, "vllm", rank)
+    _to_file(logger, path, logger.getEffectiveLevel(),
+             NewLineFormatter(plain["format"], plain["datefmt"], log_level=config.log_level))
+    if not verbose:
+        for handler in logger.handlers:
+            if is_terminal_handler(handler):
+                handler.setLevel(max(handler.level, logging.ERROR))
+    return path
+
+
+def _route_deepspeed(out: Path, rank: int) -> Path:
+    from deepspeed.utils import logger
+
+    path = log_file(out, "deepspeed", rank)
+    formatter = next((h.formatter for h in logger.handlers if h.formatter is not None), logging.Formatter())
+    _to_file(logger, path, logging.INFO, formatter)
+    for handler in logger.handlers:
+        if is_terminal_handler(handler):
+            handler.setLevel(max(handler.level, logging.WARNING))
+    logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+    return path

@@ -24,6 +24,7 @@ SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from prepare_models import SMOKE_ANSWERS  # noqa: E402
+from test_console import check_quiet_console  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
 
@@ -110,8 +111,9 @@ def check_run(run: Path, steps: int, tolerance: float) -> None:
 
 def test_one_rank_zero2(tmp_path, smoke_data):
     config = write_config(tmp_path, smoke_data, max_steps=3, tensorboard=True)
-    launch(config, 1)
+    result = launch(config, 1)
     check_run(tmp_path / "run", 3, tolerance=1e-3)
+    check_quiet_console(result, tmp_path / "run", steps=3)  # vLLM's log in run/vllm.log, not on the console
     info = json.loads((tmp_path / "run" / "run_config.json").read_text())
     assert info["config"]["zero_stage"] == 2 and "deepspeed" in info["versions"]
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
