@@ -447,13 +447,10 @@ def vllm_gap(batch: Batch, trainer: torch.Tensor) -> float:
 def skip_or_stop_on_bad_step(run: Run, losses: list[torch.Tensor]) -> None:
     """Count a step whose update DeepSpeed skipped, and stop when `max_bad_steps` come in a row.
 
-    DeepSpeed skips an update whose gradients are not finite, without a word: under ZeRO-1/2 through the
-    gradient check that `bf16.check_grad_overflow` turns on (deepspeed/runtime/zero/stage_1_and_2.py lines
-    3028-3030 and 3042-3044), under ZeRO-3 through the gradient norm (runtime/zero/stage3.py lines 2882-2894),
-    in float32 through the same norm; the engine then reports `was_step_applied()` False and the learning-rate
-    schedule does not advance (runtime/engine.py lines 3534-3545). A finite loss can have non-finite gradients
-    (an overflow inside the backward pass), so the skip is read from the engine, not inferred from the loss. Both
-    are reduced over ranks, so every rank counts alike. A non-finite loss whose update was applied stops the run.
+    DeepSpeed skips an update with non-finite gradients without a word (ZeRO-1/2: deepspeed/runtime/zero/
+    stage_1_and_2.py lines 3028-3030 and 3042-3044; ZeRO-3: runtime/zero/stage3.py lines 2882-2894), and then
+    `was_step_applied()` is False and the LR schedule stalls (runtime/engine.py lines 3534-3545). A finite loss
+    can have non-finite gradients, so the skip is read from the engine, reduced over ranks with the loss check.
     """
     nonfinite = not all(bool(torch.isfinite(loss)) for loss in losses)
     skipped = not run.engine.was_step_applied()
