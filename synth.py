@@ -365,6 +365,14 @@ def _reference(world: World, name: str) -> str:
     return name.split()[-1] if kind == "person" else REFERENCES[kind]
 
 
+def _names_kind(template: str, kind: str) -> bool:
+    """Whether `template` names its subject's kind ("The club {s} dates back to {o}.", "{s} is a town in {o}.",
+    "{s} is one of the elements ..."): with a reference for {s} it would say the kind twice ("The club the club
+    dates back to 1913.", "The town is a town in Chile."), so such a sentence names its entity."""
+    noun = REFERENCES.get(kind, "").removeprefix("the ")  # a person's reference, a surname, names no kind
+    return bool(noun) and re.search(rf"\b{noun}s?\b", template, re.IGNORECASE) is not None
+
+
 def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str], size: int,
               avoid: set[str] = frozenset(), override: dict[str, str] | None = None) -> str:
     """A paragraph about `name`: its facts `must` (in that order of priority) and others up to `size` fact
@@ -407,11 +415,10 @@ def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str
         # sentence it would read as the look-alike ("The currency of Latvia is the euro. The currency of the
         # country is the riel."). A surname is unambiguous: no look-alike shares it.
         may_refer = antecedent or kind == "person"
-        subject = _reference(world, name) if may_refer and rng.random() < 0.5 else name
-        if what == "fact":
-            sentences.append(fact_sentence(subject, text, values[text], rng))
-        else:
-            sentences.append(sentence(text, subject, ""))
+        refer = may_refer and rng.random() < 0.5
+        template, value = (rng.choice(RELATIONS[text].statements), values[text]) if what == "fact" else (text, "")
+        subject = _reference(world, name) if refer and not _names_kind(template, kind) else name
+        sentences.append(sentence(template, subject, value))
         antecedent = antecedent or what == "fact" or "{s}" in text  # "Its cuisine ..." names no one
     return " ".join(sentences)
 
