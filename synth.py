@@ -365,6 +365,27 @@ def _reference(world: World, name: str) -> str:
     return name.split()[-1] if kind == "person" else REFERENCES[kind]
 
 
+def _namesakes(world: World, people: Iterable[str]) -> set[str]:
+    """The people of `world` who share a surname with another of `people`. A paragraph refers to its person by
+    surname, so the passage it stands in must name none of that person's namesakes: with Oren and Marek Fernhill
+    in one passage, "Fernhill was born in Lima" could be about either."""
+    people = set(people)
+    return {o for o in world.kinds["person"] for p in people if o != p and o.split()[-1] == p.split()[-1]}
+
+
+def _named(text: str, name: str) -> bool:
+    """`name` occurs in `text` as a whole word (as `_replace_everywhere` matches it)."""
+    return name in text and re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text) is not None
+
+
+def _names_kind(template: str, kind: str) -> bool:
+    """Whether `template` names its subject's kind ("The club {s} dates back to {o}.", "{s} is a town in {o}.",
+    "{s} is one of the elements ..."): with a reference for {s} it would say the kind twice ("The club the club
+    dates back to 1913.", "The town is a town in Chile."), so such a sentence names its entity."""
+    noun = REFERENCES.get(kind, "").removeprefix("the ")  # a person's reference, a surname, names no kind
+    return bool(noun) and re.search(rf"\b{noun}s?\b", template, re.IGNORECASE) is not None
+
+
 def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str], size: int,
               avoid: set[str] = frozenset(), override: dict[str, str] | None = None) -> str:
     """A paragraph about `name`: its facts `must` (in that order of priority) and others up to `size` fact
@@ -405,13 +426,13 @@ def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str
             continue
         # A reference ("the country") only while this entity is the last of its kind named: after a look-alike's
         # sentence it would read as the look-alike ("The currency of Latvia is the euro. The currency of the
-        # country is the riel."). A surname is unambiguous: no look-alike shares it.
+        # country is the riel."). A surname is unambiguous: no look-alike shares it, and the item makers keep the
+        # person's namesakes out of the passage's other paragraphs (`_namesakes`).
         may_refer = antecedent or kind == "person"
-        subject = _reference(world, name) if may_refer and rng.random() < 0.5 else name
-        if what == "fact":
-            sentences.append(fact_sentence(subject, text, values[text], rng))
-        else:
-            sentences.append(sentence(text, subject, ""))
+        refer = may_refer and rng.random() < 0.5
+        template, value = (rng.choice(RELATIONS[text].statements), values[text]) if what == "fact" else (text, "")
+        subject = _reference(world, name) if refer and not _names_kind(template, kind) else name
+        sentences.append(sentence(template, subject, value))
         antecedent = antecedent or what == "fact" or "{s}" in text  # "Its cuisine ..." names no one
     return " ".join(sentences)
 
@@ -442,21 +463,24 @@ def _straightforward(world: World, rng: random.Random) -> dict:
     answer = world.facts[(subject, relation)]
     context = paragraph(world, subject, rng, must=[relation], size=rng.randint(3, 7), avoid={subject, answer})
     if rng.random() < 0.6:
-        context += _second_paragraph(world, kind, rng, avoid={subject, answer})
+        context += _second_paragraph(world, kind, rng, avoid={subject, answer}, context=context)
     return _item("straightforward", relation, [subject], _problem(context, _question(relation, subject, rng), rng),
                  answer)
 
 
-def _second_paragraph(world: World, kind: str, rng: random.Random, avoid: set[str]) -> str:
+def _second_paragraph(world: World, kind: str, rng: random.Random, avoid: set[str], context: str) -> str:
     """A paragraph about an entity of another kind that names nothing in `avoid` (as a retrieved passage beside
-    the relevant one), after a space or a line break; "" if the one drawn would name something in `avoid`."""
+    the relevant one, `context`), after a space or a line break; "" if the one drawn would name something in
+    `avoid`. It names no namesake of a person `context` names, and is about none: a person's paragraph refers to
+    it by surname, so a namesake on the other side would make the surname name two people."""
+    avoid = avoid | _namesakes(world, [person for person in world.kinds["person"] if _named(context, person)])
     others = [o for o in world.kinds[rng.choice([k for k in world.kinds if k != kind])]
               if o not in avoid and any(world.facts[(o, r)] not in avoid for r in world.relations_of(o))]
     if not others:
         return ""
     other = rng.choice(others)
     text = paragraph(world, other, rng, must=[], size=rng.randint(2, 4), avoid=avoid)
-    named = any(re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", text) for word in avoid)
+    named = any(_named(text, word) for word in avoid)
     return "" if named else rng.choice((" ", "\n")) + text
 
 
@@ -474,7 +498,7 @@ def _counterfactual(world: World, rng: random.Random) -> dict:
     real = world.facts[(subject, relation)]
     text = paragraph(world, subject, rng, must=[relation], size=rng.randint(2, 4), avoid={subject, real})
     if rng.random() < 0.8:
-        text += _second_paragraph(world, kind, rng, avoid={subject, real})
+        text += _second_paragraph(world, kind, rng, avoid={subject, real}, context=text)
     for echo in rng.sample(RELATIONS[relation].echoes, rng.randint(0, len(RELATIONS[relation].echoes))):
         text += " " + sentence(echo, subject, real)
     changed = _change(world, subject, relation, rng, text)
@@ -487,6 +511,12 @@ def _multi_hop(world: World, rng: random.Random) -> dict:
     chain = rng.choice(list(CHAINS))
     relations, template = CHAINS[chain]
     first_kind = RELATIONS[relations[0]].kind
+    # The people with a paragraph of their own: each is referred to by surname there, so no namesake of theirs may
+    # stand in the passage (`_namesakes`), neither in the chain (Oren Fernhill works for a company that Marek
+    # Fernhill runs) nor in another paragraph's facts or look-alikes.
+    persons = set(world.kinds["person"])
+    def people(nodes: list[str]) -> list[str]:
+        return [node for node in nodes[:-1] if node in persons]
     # Subjects whose whole chain exists (not every country has a main language listed, ...).
     def path(start: str) -> list[str] | None:
         nodes = [start]
@@ -494,13 +524,14 @@ def _multi_hop(world: World, rng: random.Random) -> dict:
             if (nodes[-1], relation) not in world.facts:
                 return None
             nodes.append(world.facts[(nodes[-1], relation)])
-        return nodes if len(set(nodes)) == len(nodes) else None
+        return nodes if len(set(nodes)) == len(nodes) and not _namesakes(world, people(nodes)) & set(nodes) else None
     starts = [s for s in world.kinds[first_kind] if path(s)]
     nodes = path(rng.choice(starts))
     answer = nodes[-1]
+    avoid = set(nodes) | _namesakes(world, people(nodes))
     paragraphs = []
     for subject, relation in zip(nodes, relations):
-        paragraphs.append(paragraph(world, subject, rng, must=[relation], size=rng.randint(3, 5), avoid=set(nodes)))
+        paragraphs.append(paragraph(world, subject, rng, must=[relation], size=rng.randint(3, 5), avoid=avoid))
     context = rng.choice((" ", "\n")).join(paragraphs)
     if relations[-1] in REAL_WORLD_RELATIONS and rng.random() < COUNTERFACTUAL_CHAIN_SHARE:
         changed = _change(world, nodes[-2], relations[-1], rng, context)
