@@ -168,17 +168,17 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     sleep = cfg.vllm_sleep and device.type == "cuda" and weight_sync.sleep_supported()
     if device.type == "cuda":
         preflight.check_engine_can_start(cfg)
+    adapter = cfg.pushes_adapter(dtype, cuda=device.type == "cuda")  # vLLM applies the LoRA adapter itself
     llm = rollout.make_engine(cfg.model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens,
                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=sleep,
                               cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib, trainer_seed=cfg.seed + rank,
-                              lora_rank=cfg.lora_rank if cfg.pushes_adapter(dtype) else 0)
-
+                              lora_rank=cfg.lora_rank if adapter else 0)
     grader = MathGrader(workers=cfg.reward_workers, deadline_s=cfg.reward_deadline_s)
     probe = weight_sync.make_probe(tokenizer, rows[0]["prompt_ids"])
     run = Run(cfg, rank, world_size, device, tokenizer, engine, reference, llm, rows, sampler, grader, total_steps,
               probe, sleep, out, checksum=None if dtype == torch.float32 else dtype,
-              adapter=weight_sync.AdapterPush(out / "vllm-adapter" / f"rank-{rank}") if cfg.pushes_adapter(dtype) else None)
+              adapter=weight_sync.AdapterPush(out / "vllm-adapter" / f"rank-{rank}") if adapter else None)
     if resume:
         restore(run)
     return run

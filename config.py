@@ -103,7 +103,8 @@ class Config:
                                "log-probabilities equal to the sampler's)")
     lora_target_modules: list = _key(LORA_TARGETS, "modules (by name) that get adapters: the attention and MLP projections")
     lora_push: str = _key("auto", "how vLLM gets a LoRA policy: merged (W + s·B·A), adapter (vLLM's LoRA support: "
-                          "W and the adapter apart, nothing lost to rounding) or auto (adapter outside float32)")
+                          "W and the adapter apart, nothing lost to rounding) or auto (adapter on a GPU outside "
+                          "float32, merged elsewhere: config.Config.pushes_adapter)")
     offload_optimizer: bool = _key(False, "keep optimizer state in CPU memory (DeepSpeed CPU Adam)")
     # --- loss (grpo_loss.py; every default is the original CANOE run's)
     beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
@@ -146,12 +147,19 @@ class Config:
         return {"rank": self.lora_rank, "alpha": self.lora_alpha, "dropout": self.lora_dropout,
                 "target_modules": list(self.lora_target_modules), "gradient_checkpointing": self.gradient_checkpointing}
 
-    def pushes_adapter(self, dtype) -> bool:
-        """Whether vLLM gets the LoRA adapter itself (weight_sync.AdapterPush) rather than merged weights: `lora_push`,
-        where "auto" means outside float32 (in bfloat16 a merged update below half a step of W is lost)."""
+    def pushes_adapter(self, dtype, *, cuda: bool) -> bool:
+        """Whether vLLM gets the LoRA adapter itself (weight_sync.AdapterPush) rather than merged weights.
+
+        `lora_push`, where "auto" means on a GPU outside float32: in bfloat16 a merged update below half a step of W
+        is lost. On the CPU vLLM applies an adapter with its reference torch kernels, which gather a copy of the
+        adapter's matrices for every token (vllm/lora/ops/torch_ops/lora_ops.py, `bgmv_expand`: `lora_b_weights[
+        lora_indices_tensor]`), and sampling with it took 1.6-1.9x as long as with merged weights, far more than a
+        merged push costs (bench/RESULTS.md, "The adapter push on the CPU"): there "auto" merges, and
+        `sync/lora_delta_reached` says how much of the update a bfloat16 merge delivers.
+        """
         if not self.lora_rank:
             return False
-        return self.lora_push == "adapter" or (self.lora_push == "auto" and dtype != torch.float32)
+        return self.lora_push == "adapter" or (self.lora_push == "auto" and cuda and dtype != torch.float32)
 
     def push_tolerance(self, dtype) -> float:
         """The probe check's tolerance (weight_sync.check_sync): `sync_tolerance`, or by the dtype when it is 0."""

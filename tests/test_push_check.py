@@ -242,13 +242,16 @@ def test_an_adapter_the_engine_does_not_hold_stops_the_run(tmp_path):
     assert engine.list_loras() == {3} and push.count == 3  # every push a new id: vLLM reads a known id only once
 
 
-def test_the_adapter_push_is_the_default_outside_float32_and_the_engine_gets_lora_support(monkeypatch):
+def test_the_adapter_push_is_the_default_on_a_gpu_outside_float32_and_the_engine_gets_lora_support(monkeypatch):
     cfg = Config(lora_rank=16)
-    assert not cfg.pushes_adapter(torch.float32)  # the CPU default run: merged, as before
-    assert cfg.pushes_adapter(torch.bfloat16)
-    assert not Config(lora_rank=16, lora_push="merged").pushes_adapter(torch.bfloat16)
-    assert Config(lora_rank=16, lora_push="adapter").pushes_adapter(torch.float32)
-    assert not Config(lora_push="adapter").pushes_adapter(torch.bfloat16)  # no LoRA, nothing to push apart
+    assert not cfg.pushes_adapter(torch.float32, cuda=False)  # the CPU default run: merged, as before
+    assert not cfg.pushes_adapter(torch.float32, cuda=True)
+    assert cfg.pushes_adapter(torch.bfloat16, cuda=True)
+    # the CPU in bfloat16: vLLM's CPU LoRA kernels made sampling 1.6-1.9x slower; a merged push costs far less
+    assert not cfg.pushes_adapter(torch.bfloat16, cuda=False)
+    assert not Config(lora_rank=16, lora_push="merged").pushes_adapter(torch.bfloat16, cuda=True)
+    assert Config(lora_rank=16, lora_push="adapter").pushes_adapter(torch.float32, cuda=False)
+    assert not Config(lora_push="adapter").pushes_adapter(torch.bfloat16, cuda=True)  # no LoRA, nothing to push apart
     import dataclasses
 
     from vllm.engine.arg_utils import EngineArgs

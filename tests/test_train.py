@@ -300,13 +300,15 @@ def test_canoe_training_rows_with_message_train_as_they_are(tmp_path, smoke_data
     assert metrics["reward/message_seen"] == 1.0
 
 
-@pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora"])
+@pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora-adapter"])
 def test_a_tied_model_trains_in_bfloat16(tmp_path, smoke_data, lora_rank):
     """Issue 35, item 1 (and 37, item 1): the smoke model ties its embedding and output head, as SmolLM2 does; in
     bfloat16 every push is also checked by weight sums, which count the tied tensor once on both sides. With
-    LoRA the adapter goes to vLLM apart (lora_push auto) and trains in float32 over the bfloat16 base."""
+    LoRA the adapter goes to vLLM apart (`lora_push = "adapter"`; on the CPU "auto" merges) and trains in float32
+    over the bfloat16 base."""
     assert json.loads((SMOKE_MODEL / "config.json").read_text())["tie_word_embeddings"] is True
-    config = write_config(tmp_path, smoke_data, max_steps=2, dtype="bfloat16", lora_rank=lora_rank, lora_alpha=16.0)
+    config = write_config(tmp_path, smoke_data, max_steps=2, dtype="bfloat16", lora_rank=lora_rank, lora_alpha=16.0,
+                          lora_push="adapter")
     result = launch(config, 1)
     assert "dtype: bfloat16 (set in the config)" in result.stdout
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
