@@ -6,9 +6,9 @@ file is the whole path, in the order a step takes it:
 1. **What is pushed** (`iter_full_parameters`, `policy_weights`, `base_weights`): every parameter under its Hugging
    Face name. Under ZeRO-3 each module's own parameters are gathered, copied and released before the next module,
    so the whole model is never gathered at once. With LoRA (lora.py) vLLM gets W + s·B·A, built in a new tensor
-   (the trainer's modules stay unmerged, W bit-identical for the whole run), or, outside float32, W and the
-   adapter apart (`AdapterPush`): a bfloat16 W + s·B·A loses every entry of s·B·A below half a step of W
-   (`DeltaShare` measures how much).
+   (the trainer's modules stay unmerged, W bit-identical for the whole run), or, on a GPU outside float32, the
+   adapter apart (`AdapterPush`; W only after a sleep discarded it): a bfloat16 W + s·B·A loses every entry of
+   s·B·A below half a step of W (`DeltaShare` measures how much). A tied embedding and head go once.
 2. **Loading** (`push_weights`, `push`): vLLM's in-place `reload_weights`, then, on the CPU, the packed linear
    kernels rebuilt from the new values (`keep_cpu_linear_weights`: without it the push lands in parameters that
    no kernel reads), then the prefix cache dropped.
@@ -318,8 +318,9 @@ class AdapterPush:
     `LLM.generate`). The LoRA slots are allocated while the model loads, in the "weights" memory pool
     (vllm/v1/worker/gpu_worker.py lines 587-594, the model runner's `load_lora_model`, gpu_model_runner.py line
     5067), so a level-2 sleep discards them with the weights; the new id is activated into its slot when it is
-    added, after the weights are woken (canoe.push_and_verify's order), so the slot is rewritten then. With LoRA in vLLM the adapter's own values are held in the engine's dtype (lora_dtype "auto",
-    vllm/config/lora.py lines 138-139): relative rounding of the adapter, not of W + s·B·A.
+    added, after the weights are woken (canoe.push_and_verify's order), so the slot is rewritten then. With LoRA
+    in vLLM the adapter's own values are held in the engine's dtype (lora_dtype "auto", vllm/config/lora.py lines
+    138-139): relative rounding of the adapter, not of W + s·B·A.
     """
 
     def __init__(self, folder):
@@ -334,8 +335,8 @@ class AdapterPush:
         are computed once (every rank walks, a collective under ZeRO-3) and are what a push of W would add up."""
         if dtype not in self._base_sums:
             sums = WeightSums()
-            for _ in summed(base_weights(model, zero_stage), sums, dtype):
-                pass
+            for _, tensor in base_weights(model, zero_stage):
+                sums.add(tensor.to(dtype))
             self._base_sums[dtype] = sums
         return self._base_sums[dtype]
 
