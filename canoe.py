@@ -452,11 +452,11 @@ def skip_or_stop_on_bad_step(run: Run, losses: list[torch.Tensor]) -> None:
     `was_step_applied()` is False and the LR schedule stalls (runtime/engine.py lines 3534-3545). A finite loss
     can have non-finite gradients, so the skip is read from the engine, reduced over ranks with the loss check.
     """
-    nonfinite = not all(bool(torch.isfinite(loss)) for loss in losses)
     skipped = not run.engine.was_step_applied()
-    if nonfinite and not skipped:
+    nonfinite = float(not all(bool(torch.isfinite(loss)) for loss in losses))
+    bad_loss, bad_update = all_reduce_values([nonfinite, float(skipped)], op=dist.ReduceOp.MAX)  # every rank first
+    if bad_loss and not skipped:
         raise RuntimeError("the loss was not finite but DeepSpeed applied the update; the weights are suspect")
-    bad_loss, bad_update = all_reduce_values([float(nonfinite), float(skipped)], op=dist.ReduceOp.MAX)
     if not (bad_loss or bad_update):
         run.bad_steps_in_a_row = 0
         return
