@@ -106,8 +106,7 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
 
     runtime.single_process_defaults()
     dtype = runtime.resolve_dtype(cfg.dtype)
-    engine_model, adapter = policy_source(model, dtype)
-    rank = json.loads((adapter / "adapter_config.json").read_text())["r"] if adapter else 0
+    engine_model, adapter, rank = policy_source(model, dtype)
     llm = rollout.make_engine(engine_model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                               enable_sleep_mode=False, cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib, lora_rank=rank)
@@ -118,8 +117,8 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
     return [cfg.response_prefix + r.outputs[0].text for r in results]
 
 
-def policy_source(model: str, dtype) -> tuple[str, Path | None]:
-    """What the engine loads to evaluate `model`: (model folder, adapter folder or None).
+def policy_source(model: str, dtype) -> tuple[str, Path | None, int]:
+    """What the engine loads to evaluate `model`: (model folder, adapter folder or None, the adapter's rank or 0).
 
     A LoRA run's checkpoint holds `policy/`, the merged W + s·B·A in the training dtype, and `adapter/` beside it
     (checkpoint.save_policy). In bfloat16 the merge lost every entry of s·B·A below half a step of W
@@ -129,10 +128,10 @@ def policy_source(model: str, dtype) -> tuple[str, Path | None]:
     """
     adapter = Path(model).parent / "adapter"
     if Path(model).name != "policy" or dtype == torch.float32 or not (adapter / "adapter_config.json").exists():
-        return model, None
-    base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
-    _check_model(base)
-    return base, adapter
+        return model, None, 0
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    _check_model(config["base_model_name_or_path"])
+    return config["base_model_name_or_path"], adapter, config["r"]
 
 
 def _tokenizer_and_style(cfg, model: str, indent_system_prompt: bool | None) -> tuple[Any, dict[str, str]]:

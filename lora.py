@@ -11,8 +11,8 @@ is the wiring a GRPO trainer needs around them:
 - **Reference policy.** π_ref is the base model, which is the policy with its adapters disabled
   (`adapters_disabled`, PEFT's `disable_adapter`). No second copy of the model is loaded, and the k3 KL is
   computed against it exactly as against a frozen copy (canoe.reference_logprobs).
-- **The push** into vLLM lives in weight_sync.py: W + s·B·A for every adapted module in float32, W and the
-  adapter apart elsewhere (`weight_sync.policy_weights`, `weight_sync.AdapterPush`; config `lora_push`).
+- **The push** into vLLM lives in weight_sync.py: W + s·B·A for every adapted module, or, on a GPU outside
+  float32, the adapter apart (`weight_sync.policy_weights`, `weight_sync.AdapterPush`; config `lora_push`).
 - **The optimizer** sees only A and B: PEFT sets `requires_grad = False` on every other parameter, and canoe.setup
   gives DeepSpeed the parameters that require a gradient.
 - **Checkpoints** (checkpoint.py) hold the adapter in PEFT's format (`adapter/`: `adapter_config.json` and

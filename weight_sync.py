@@ -107,12 +107,10 @@ class DeltaShare:
     """How much of the adapters' update s·B·A survives in the merged weights W + s·B·A that vLLM receives.
 
     The merged weight is held in the weights' dtype. In bfloat16 (8 bits of mantissa) an entry of s·B·A smaller
-    than half a bfloat16 step of its W rounds away: W + Δ == W. DeepSpeed casts every parameter to bfloat16,
-    the adapters included (deepspeed/runtime/engine.py lines 2080-2088), and PEFT's `get_delta_weight` computes
-    s·B·A in the adapters' dtype (peft/tuners/lora/layer.py lines 1044-1072; upcast to float32 only on the CPU,
-    line 1058, and cast back, lines 1069-1070), so early in a LoRA run in bfloat16 (B starts at 0) a merged push
-    would make vLLM sample nearly the base model while the trainer computes the adapters. `add` accumulates, over the adapted modules
-    of one push, ||Δ||² and ||round(W + Δ) − W||² and ||round(W + Δ) − W − Δ||², with Δ in float32; `metrics`
+    than half a bfloat16 step of its W rounds away: W + Δ == W, however exactly Δ itself is computed (the
+    adapters train in float32 over a bfloat16 base, optimizer.deepspeed_config), so early in a LoRA run in
+    bfloat16 (B starts at 0) a merged push would make vLLM sample nearly the base model while the trainer
+    computes the adapters. `add` accumulates, over the adapted modules of one push, ||Δ||² and ||round(W + Δ) − W||² and ||round(W + Δ) − W − Δ||², with Δ in float32; `metrics`
     gives `sync/lora_delta_reached` = ||round(W + Δ) − W|| / ||Δ|| (about 1 when the update arrives, 0 when it
     is lost) and `sync/lora_delta_error` = ||round(W + Δ) − W − Δ|| / ||Δ|| (0 when it arrives exactly); 1 and 0
     when Δ = 0 (nothing to deliver). It is measured only where the merge rounds to fewer bits than float32

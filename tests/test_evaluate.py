@@ -115,9 +115,9 @@ def test_a_lora_checkpoint_is_evaluated_as_base_and_adapter_outside_float32(tmp_
     import torch
 
     base, policy = lora_checkpoint(tmp_path)
-    assert evaluate.policy_source(str(policy), torch.bfloat16) == (str(base), policy.parent / "adapter")
-    assert evaluate.policy_source(str(policy), torch.float32) == (str(policy), None)  # the merge is exact there
-    assert evaluate.policy_source(str(base), torch.bfloat16) == (str(base), None)  # a plain model folder
+    assert evaluate.policy_source(str(policy), torch.bfloat16) == (str(base), policy.parent / "adapter", 4)
+    assert evaluate.policy_source(str(policy), torch.float32) == (str(policy), None, 0)  # the merge is exact there
+    assert evaluate.policy_source(str(base), torch.bfloat16) == (str(base), None, 0)  # a plain model folder
 
 
 def test_the_engine_applies_the_checkpoints_adapter_to_every_request(tmp_path, monkeypatch):
