@@ -10,7 +10,6 @@ import io
 import json
 import random
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 import data
 import facts
 import synth
+from config import load_config
 from tags import answer_span
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -299,11 +299,36 @@ def test_synth_is_deterministic_by_seed():
     assert synth.synthesize(40, seed=4) != same_a
 
 
-def test_synth_prompts_fit_the_default_budget(generated, chat_tokenizer):
-    # config.toml's max_prompt_tokens: nothing of the default data should need dropping.
-    budget = tomllib.loads((ROOT / "config.toml").read_text())["max_prompt_tokens"]
-    _, report = data.prepare_prompts(chat_tokenizer, generated["train"] + generated["eval"], budget, on_overflow="error")
-    assert report.max_tokens <= budget
+def test_synth_prompts_fit_the_default_budget(default_data):
+    """config.toml's max_prompt_tokens keeps every row of the default data, train and eval, under the default's own
+    prompt and tokenizer (issue 34: the eval lost an item when the system prompt grew by 33 tokens)."""
+    from transformers import AutoTokenizer
+
+    cfg = load_config(ROOT / "config.toml")
+    if not (ROOT / cfg.model / "tokenizer_config.json").exists():
+        pytest.skip(f"{cfg.model} is not there: run `make models`")
+    tokenizer = AutoTokenizer.from_pretrained(str(ROOT / cfg.model))
+    rows = default_data["train"] + default_data["eval"]
+    _, report = data.prepare_prompts(tokenizer, rows, cfg.max_prompt_tokens, "error", **cfg.prompt_style())
+    assert report.kept == len(rows) and report.max_tokens <= cfg.max_prompt_tokens
+
+
+def test_the_default_prompt_gives_nothing_to_copy(default_data):
+    """Issue 34: under the earlier prompt one seed wrote its description `<think>reasoning process</think>` into
+    every answer, and its example answer (Lima, Peru's capital) was given where a passage had changed a capital.
+    The description now names the tags without filling them, and the example names nothing the data names."""
+    cfg = load_config(ROOT / "config.toml")
+    description, example = cfg.system_prompt.split("Example response:")
+    # tags are named ("within <think> and </think>"), never filled
+    assert {inside for _, inside in re.findall(r"<(think|long_answer|answer)>([^<]*)</\1>", description)} == {" and "}
+    answer = answer_span(example)
+    names = set(re.findall(r"\b[A-Z][a-z]+\b", example)) - {"The", "According", "Bridge"}
+    assert answer and names
+    vocabulary = {*facts.FIRST_NAMES, *facts.LAST_NAMES, *facts.TOWNS, *facts.COUNTRIES,
+                  *(capital for capital, *_ in facts.COUNTRIES.values())}
+    assert not names & vocabulary
+    for row in default_data["train"] + default_data["eval"]:
+        assert answer not in row["problem"] and not any(named(row["problem"], name) for name in names), row["id"]
 
 
 def test_synth_rejects_bad_sizes():
