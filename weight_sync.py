@@ -334,7 +334,7 @@ class AdapterPush:
         if dtype not in self._base_sums:
             sums = WeightSums()
             for _, tensor in base_weights(model, zero_stage):
-                sums.add(tensor.to(dtype))
+                sums.add_as_held(tensor, dtype)
             self._base_sums[dtype] = sums
         return self._base_sums[dtype]
 
@@ -463,6 +463,10 @@ class WeightSums:
             self.absolute += float(chunk.abs().sum())
             self.squares += float(chunk.square().sum())
 
+    def add_as_held(self, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+        """Add a pushed tensor as the engine will hold it: cast to the engine's `dtype`."""
+        self.add(tensor.to(dtype))
+
     def add_sums(self, other: WeightSums) -> None:
         """Add the sums of another set of tensors (this set and that one, as if added tensor by tensor)."""
         self.total += other.total
@@ -479,7 +483,7 @@ def summed(weights: Iterable[tuple[str, torch.Tensor]], sums: WeightSums,
            dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """`weights` passed on unchanged, each added to `sums` as the engine will hold it (cast to its `dtype`)."""
     for name, tensor in weights:
-        sums.add(tensor.to(dtype))
+        sums.add_as_held(tensor, dtype)
         yield name, tensor
 
 
