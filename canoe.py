@@ -118,10 +118,10 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     out = Path(cfg.output_dir)
+    dtype = resolve_dtype(cfg.dtype, say=True)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        write_run_info(cfg, out, world_size)
-    dtype = resolve_dtype(cfg.dtype, say=True)
+        write_run_info(cfg, out, world_size, dtype)
 
     # Data: every rank loads and renders the same prompts; the sampler gives each rank its own slice.
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)

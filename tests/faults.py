@@ -7,7 +7,9 @@ hooks:
 - `nan_loss`: every micro-batch loss is NaN (a numerical blow-up);
 - `corrupt_push`: the weight push loads twice the trained values (a push that lands wrong);
 - `after_step_N`: the process dies right after the checkpoint of step N (a crash or a pre-emption);
-- `mid_checkpoint_N`: it dies while checkpoint N is written, before it is made the latest.
+- `mid_checkpoint_N`: it dies while checkpoint N is written, before it is made the latest;
+- `avx2_machine`, `amx_machine`: the CPU reports the flags of an AVX2-only or of an AMX machine, so that `dtype = "auto"`
+  resolves as it would there (runtime.cpu_flags).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import canoe  # noqa: E402
 import checkpoint  # noqa: E402
+import runtime  # noqa: E402
 import weight_sync  # noqa: E402
 
 CRASH = 17  # the exit code of a simulated crash
@@ -68,13 +71,24 @@ def crash_mid_checkpoint(step: int) -> None:
     checkpoint.publish = patched
 
 
+# /proc/cpuinfo flags of the two CPU kinds the project runs on (abridged to what runtime.choose_dtype reads).
+CPU_FLAGS = {"avx2": {"fpu", "sse4_2", "avx", "avx2", "fma"},
+             "amx": {"fpu", "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "amx_tile", "amx_bf16"}}
+
+
+def fake_cpu(kind: str) -> None:
+    runtime.cpu_flags = lambda: set(CPU_FLAGS[kind])
+
+
 def install(fault: str) -> None:
     name, _, number = fault.rpartition("_") if fault[-1].isdigit() else (fault, "", "")
     faults = {"nan_loss": nan_loss, "corrupt_push": corrupt_push,
               "after_step": lambda: crash_after_step(int(number)),
-              "mid_checkpoint": lambda: crash_mid_checkpoint(int(number))}
+              "mid_checkpoint": lambda: crash_mid_checkpoint(int(number)),
+              "avx2_machine": lambda: fake_cpu("avx2"), "amx_machine": lambda: fake_cpu("amx")}
     if name not in faults:
-        raise SystemExit(f"unknown fault {fault!r}; known: nan_loss, corrupt_push, after_step_N, mid_checkpoint_N")
+        raise SystemExit(f"unknown fault {fault!r}; known: nan_loss, corrupt_push, after_step_N, mid_checkpoint_N, "
+                         "avx2_machine, amx_machine")
     faults[name]()
 
 

@@ -56,7 +56,7 @@ def test_eval_mode_runs_greedily_on_a_real_model(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = tmp_path / "config.toml"
     config.write_text(f'model = "models/smoke-llama"\noutput_dir = "{tmp_path}/run"\nmax_completion_tokens = 40\n'
-                      f'max_prompt_tokens = 320\n')
+                      f'max_prompt_tokens = 320\ndtype = "float32"\n')
     result = subprocess.run([sys.executable, str(ROOT / "canoe.py"), "--config", str(config), "--eval",
                              "--eval-file", str(data)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]

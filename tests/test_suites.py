@@ -502,7 +502,7 @@ SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
 def test_eval_suite_answers_every_item_with_a_real_model(tmp_path):
     (tmp_path / "config.toml").write_text(f'model = "models/smoke-llama"\noutput_dir = "{tmp_path}/run"\n'
-                                          'suite_max_tokens = 40\nmax_prompt_tokens = 64\n')
+                                          'suite_max_tokens = 40\nmax_prompt_tokens = 64\ndtype = "float32"\n')
     # max_prompt_tokens = 64 is shorter than these prompts: a suite never drops one, it sizes the engine instead
     result = subprocess.run([sys.executable, str(ROOT / "canoe.py"), "--config", str(tmp_path / "config.toml"),
                              "--eval", "--suite", "confiqa", "--eval-file", str(FIXTURES / "ConFiQA-QA-test.json"),

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from config import Config  # noqa: E402
 from prepare_models import SMOKE_ANSWERS  # noqa: E402
 from test_console import check_quiet_console  # noqa: E402
 
@@ -43,8 +44,12 @@ def smoke_data(tmp_path_factory) -> Path:
 
 
 def write_config(tmp_path: Path, data: Path, **overrides) -> Path:
-    """The smoke recipe with `overrides`, written back as TOML (plain keys first, then tables such as [rewards])."""
-    settings = {**tomllib.loads((ROOT / "recipes" / "smoke.toml").read_text()),
+    """The smoke recipe with `overrides`, written back as TOML (plain keys first, then tables such as [rewards]).
+
+    The dtype is float32 unless a test says otherwise: "auto" would make the run, and what it may be held to,
+    depend on the machine's CPU (test_auto_dtype_runs_end_to_end_either_way fakes both resolutions).
+    """
+    settings = {**tomllib.loads((ROOT / "recipes" / "smoke.toml").read_text()), "dtype": "float32",
                 "train_file": str(data), "output_dir": str(tmp_path / "run"), **overrides}
     plain = [f"{key} = {json.dumps(value)}" for key, value in settings.items() if not isinstance(value, dict)]
     tables = [f"[{key}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in value.items())
@@ -77,11 +82,23 @@ def policy_weights(run: Path, step: int | None = None) -> dict[str, torch.Tensor
     return load_file(checkpoints / name / "policy" / "model.safetensors")
 
 
-def check_run(run: Path, steps: int, tolerance: float) -> None:
+def run_dtype(run: Path) -> torch.dtype:
+    """The dtype the run resolved its config's `dtype` to (run_config.json)."""
+    return getattr(torch, json.loads((run / "run_config.json").read_text())["dtype"])
+
+
+def push_tolerance(run: Path) -> float:
+    """The probe tolerance the trainer held this run to: Config.push_tolerance of its own config and dtype."""
+    settings = json.loads((run / "run_config.json").read_text())["config"]
+    return Config(sync_tolerance=settings["sync_tolerance"]).push_tolerance(run_dtype(run))
+
+
+def check_run(run: Path, steps: int) -> None:
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    tolerance = push_tolerance(run)
     for m in metrics:
-        # every push was verified, and within the configured tolerance (a failed check stops the run)
+        # every push was verified, and within the run's tolerance (a failed check stops the run)
         assert 0.0 <= m["sync/push_max_abs_diff"] <= tolerance
         # the trainer's packed scoring of the sampled tokens agrees with the log-probs vLLM sampled them with
         assert 0.0 < m["sync/vllm_trainer_gap"] <= tolerance
@@ -112,7 +129,7 @@ def check_run(run: Path, steps: int, tolerance: float) -> None:
 def test_one_rank_zero2(tmp_path, smoke_data):
     config = write_config(tmp_path, smoke_data, max_steps=3, tensorboard=True)
     result = launch(config, 1)
-    check_run(tmp_path / "run", 3, tolerance=1e-3)
+    check_run(tmp_path / "run", 3)
     check_quiet_console(result, tmp_path / "run", steps=3)  # vLLM's log in run/vllm.log, not on the console
     info = json.loads((tmp_path / "run" / "run_config.json").read_text())
     assert info["config"]["zero_stage"] == 2 and "deepspeed" in info["versions"]
@@ -123,7 +140,7 @@ def test_one_rank_zero2(tmp_path, smoke_data):
 def test_two_ranks(tmp_path, smoke_data, stage, lora_rank):
     config = write_config(tmp_path, smoke_data, max_steps=2, zero_stage=stage, lora_rank=lora_rank)
     launch(config, 2)
-    check_run(tmp_path / "run", 2, tolerance=1e-3)
+    check_run(tmp_path / "run", 2)
     # the two ranks drew different prompts: 2 ranks × 2 prompts per step
     problems = [s["problem"] for s in read_jsonl(tmp_path / "run" / "samples.jsonl") if s["step"] == 1]
     assert len(set(problems)) == 2  # rank 0 writes its own samples only
@@ -162,7 +179,7 @@ def test_lora_one_rank_zero2(tmp_path, smoke_data):
 
     config = write_config(tmp_path, smoke_data, max_steps=3, lora_rank=8, lora_alpha=16.0)
     launch(config, 1)
-    check_run(tmp_path / "run", 3, tolerance=1e-3)
+    check_run(tmp_path / "run", 3)
     final = tmp_path / "run" / "checkpoints" / "step-000003"
     settings = json.loads((final / "adapter" / "adapter_config.json").read_text())
     assert settings["r"] == 8 and settings["lora_alpha"] == 16.0 and settings["peft_type"] == "LORA"
@@ -226,7 +243,7 @@ def test_several_updates_per_rollout_make_the_ratio_and_the_importance_weights_a
     # importance_cap = 2 weights each token by min(π_old / π_vLLM, 2)
     config = write_config(tmp_path, smoke_data, max_steps=2, num_iterations=2, importance_cap=2.0)
     launch(config, 1)
-    check_run(tmp_path / "run", 2, tolerance=1e-3)
+    check_run(tmp_path / "run", 2)
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert any(m["reward/total_std"] > 0 for m in metrics), "no group had rewards that differ"
     assert any(m["loss/ratio_min"] < 1 or m["loss/ratio_max"] > 1 for m in metrics)
@@ -295,7 +312,7 @@ def test_canoe_training_rows_with_message_train_as_they_are(tmp_path, smoke_data
     config = write_config(tmp_path, canoe_file, max_steps=1, model=str(SMOKE_MODEL),
                           rewards={"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0, "message_seen": 1.0})
     launch(config, 1, root=fork)
-    check_run(tmp_path / "run", 1, tolerance=1e-3)
+    check_run(tmp_path / "run", 1)
     (metrics,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert metrics["reward/message_seen"] == 1.0
 
@@ -315,6 +332,25 @@ def test_a_tied_model_trains_in_bfloat16(tmp_path, smoke_data, lora_rank):
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
         assert m["sync/weight_sums_gap"] <= 1e-10  # what was pushed is what the engine holds, the tied tensor once
-        assert m["sync/push_max_abs_diff"] <= 0.5  # config.SYNC_TOLERANCE in bfloat16
+        assert m["sync/push_max_abs_diff"] <= push_tolerance(tmp_path / "run")
     assert metrics[0]["loss/kl"] == 0.0  # π_ref is the same bfloat16 base: step 1's policy is it exactly
     assert ("time/adapter_push" in metrics[0]) == bool(lora_rank)
+
+
+@pytest.mark.parametrize("cpu, dtype, reason", [
+    ("avx2", torch.float32, "auto: the CPU has neither avx512_bf16 nor amx_bf16"),
+    ("amx", torch.bfloat16, "auto: the CPU has amx_bf16"),
+])
+def test_auto_dtype_runs_end_to_end_either_way(tmp_path, smoke_data, cpu, dtype, reason):
+    """`dtype = "auto"` on a faked CPU of each kind (tests/faults.py replaces runtime.cpu_flags), so that what auto
+    resolves to on the machine running the suite cannot hide a break on the other kind. With LoRA, merged on the
+    CPU: on the AMX side this is the bfloat16 merged push, held to the bfloat16 tolerance the trainer uses."""
+    config = write_config(tmp_path, smoke_data, max_steps=2, dtype="auto", lora_rank=8, lora_alpha=16.0)
+    result = launch(config, 1, fault=f"{cpu}_machine")
+    assert f"dtype: {str(dtype).removeprefix('torch.')} ({reason}" in result.stdout
+    run = tmp_path / "run"
+    assert run_dtype(run) == dtype
+    assert push_tolerance(run) == {torch.float32: 1e-3, torch.bfloat16: 0.5}[dtype]
+    check_run(run, 2)
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert ("sync/weight_sums_gap" in metrics[0]) == (dtype == torch.bfloat16)  # the exact check outside float32
