@@ -103,6 +103,7 @@ class Run:
     last_step: Any = None  # the latest Step, for samples.jsonl
     checksum: torch.dtype | None = None  # the engine's dtype where pushes are also checked by weight sums
     adapter: Any = None  # weight_sync.AdapterPush where vLLM applies the LoRA adapter itself (cfg.pushes_adapter)
+    merged_push: Any = None  # weight_sync.MergedPush where vLLM gets a LoRA policy merged
 
     @property
     def reward_weights(self) -> torch.Tensor:
@@ -178,7 +179,8 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     probe = weight_sync.make_probe(tokenizer, rows[0]["prompt_ids"])
     run = Run(cfg, rank, world_size, device, tokenizer, engine, reference, llm, rows, sampler, grader, total_steps,
               probe, sleep, out, checksum=None if dtype == torch.float32 else dtype,
-              adapter=weight_sync.AdapterPush(out / "vllm-adapter" / f"rank-{rank}") if adapter else None)
+              adapter=weight_sync.AdapterPush(out / "vllm-adapter" / f"rank-{rank}") if adapter else None,
+              merged_push=weight_sync.MergedPush() if cfg.lora_rank and not adapter else None)
     if resume:
         restore(run)
     return run
@@ -476,23 +478,21 @@ def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
     """Push the weights into vLLM, then compare vLLM's and the trainer's logprobs of the probe completion; raises
     weight_sync.WeightSyncError when they disagree. Returns (push seconds, max |difference|, more sync/ metrics).
     Outside float32 the probe's tolerance must leave room for two sets of bf16 kernels, so the weights' sums are
-    compared too (weight_sync.check_weight_sums: exact, blind to the kernels), and a merged LoRA push logs the share
-    of the adapters' update that reaches vLLM (weight_sync.DeltaShare).
+    compared too (weight_sync.check_weight_sums: exact, blind to the kernels), and a merged LoRA push logs how much
+    of the adapters' update reaches vLLM (weight_sync.MergedPush).
 
     With sleep mode the engine arrives asleep (step 1 put it to sleep): its weights are woken first, because a
     push into a sleeping engine faults on unmapped memory (or, at level 1, is undone by the host copy put back at
     wake-up), then the KV cache, which the probe needs. The engine leaves awake, ready for the next rollout.
     """
     weight_sync.wake_weights(run.llm, run.sleep)
-    # With LoRA vLLM gets W + s·B·A merged or the adapter, and W again only where the sleep discarded it
-    # (weight_sync.push); the trainer's modules stay unmerged.
-    share, sums = weight_sync.DeltaShare(), weight_sync.WeightSums()
+    sums = weight_sync.WeightSums()
     push_seconds = weight_sync.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter,
-                                    base=run.sleep, share=share, sums=sums if run.checksum else None,
+                                    base=run.sleep, merged_push=run.merged_push, sums=sums if run.checksum else None,
                                     dtype=run.checksum)
     if run.adapter:  # part of time/weight_push: the adapter's folder written and read back
         run.times["adapter_push"] = run.adapter.seconds
-    more = share.metrics()  # a merged LoRA push outside float32: how much of the update arrives
+    more = run.merged_push.metrics() if run.merged_push else {}  # outside float32: how much of the update arrives
     if run.checksum:
         more["sync/weight_sums_gap"] = weight_sync.check_weight_sums(sums, weight_sync.engine_weight_sums(run.llm))
     weight_sync.wake_kv_cache(run.llm, run.sleep)

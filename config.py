@@ -154,8 +154,8 @@ class Config:
         is lost. On the CPU vLLM applies an adapter with its reference torch kernels, which gather a copy of the
         adapter's matrices for every token (vllm/lora/ops/torch_ops/lora_ops.py, `bgmv_expand`: `lora_b_weights[
         lora_indices_tensor]`), and sampling with it took 1.6-1.9x as long as with merged weights, far more than a
-        merged push costs (bench/RESULTS.md, "The adapter push on the CPU"): there "auto" merges, and
-        `sync/lora_delta_reached` says how much of the update a bfloat16 merge delivers.
+        merged push costs (bench/RESULTS.md, "The adapter push on the CPU"): there "auto" merges, with error
+        feedback outside float32 (weight_sync.MergedPush), and `sync/lora_delta_*` say how much arrives.
         """
         if not self.lora_rank:
             return False

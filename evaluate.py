@@ -105,7 +105,7 @@ def sampling_settings(model: str, sample: bool) -> dict[str, Any]:
 def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, Any], max_model_len: int,
              max_tokens: int) -> list[str]:
     """One answer per prompt of at most `max_tokens` new tokens from a vLLM engine on `model`; the config's response
-    prefix is put back in front. A LoRA checkpoint outside float32 runs as base + adapter (`policy_source`)."""
+    prefix is put back in front. A LoRA checkpoint merged outside float32 runs as base + adapter (`policy_source`)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
@@ -114,7 +114,7 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
 
     runtime.single_process_defaults()
     dtype = runtime.resolve_dtype(cfg.dtype)
-    engine_model, adapter, rank = policy_source(model, dtype)
+    engine_model, adapter, rank = policy_source(model)
     llm = rollout.make_engine(engine_model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                               enable_sleep_mode=False, cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib, lora_rank=rank)
@@ -125,17 +125,21 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
     return [cfg.response_prefix + r.outputs[0].text for r in results]
 
 
-def policy_source(model: str, dtype) -> tuple[str, Path | None, int]:
+def policy_source(model: str) -> tuple[str, Path | None, int]:
     """What the engine loads to evaluate `model`: (model folder, adapter folder or None, the adapter's rank or 0).
 
-    A LoRA run's checkpoint holds `policy/`, the merged W + s·B·A in the training dtype, and `adapter/` beside it
-    (checkpoint.save_policy). In bfloat16 the merge lost every entry of s·B·A below half a step of W
-    (weight_sync.DeltaShare), which training never sampled from (weight_sync.AdapterPush): the evaluation then
-    runs the base model named in the adapter's config with the adapter applied by vLLM, as training sampled
-    (issue 37, item 2). In float32 the merge is exact to ~1e-7 of W, and `policy/` is loaded as it is.
+    A LoRA run's checkpoint holds `policy/`, the merged W + s·B·A in the training dtype (its config.json says
+    which), and `adapter/` beside it (checkpoint.save_policy). A merge in float32 is exact to ~1e-7 of W, and
+    `policy/` is loaded as it is. A merge in bfloat16 lost every entry of s·B·A below half a step of W, whatever
+    dtype the evaluation runs in: the evaluation then runs the base model named in the adapter's config with the
+    adapter applied by vLLM. (bench/scoreboard.py evaluates every LoRA checkpoint one way instead: the adapter
+    merged into its base in float32.)
     """
     adapter = Path(model).parent / "adapter"
-    if Path(model).name != "policy" or dtype == torch.float32 or not (adapter / "adapter_config.json").exists():
+    if Path(model).name != "policy" or not (adapter / "adapter_config.json").exists():
+        return model, None, 0
+    saved = json.loads((Path(model) / "config.json").read_text())
+    if saved.get("dtype", saved.get("torch_dtype", "float32")) == "float32":
         return model, None, 0
     config = json.loads((adapter / "adapter_config.json").read_text())
     _check_model(config["base_model_name_or_path"])

@@ -7,8 +7,9 @@ file is the whole path, in the order a step takes it:
    Face name. Under ZeRO-3 each module's own parameters are gathered, copied and released before the next module,
    so the whole model is never gathered at once. With LoRA (lora.py) vLLM gets W + s·B·A, built in a new tensor
    (the trainer's modules stay unmerged, W bit-identical for the whole run), or, on a GPU outside float32, the
-   adapter apart (`AdapterPush`; W only after a sleep discarded it): a bfloat16 W + s·B·A loses every entry of
-   s·B·A below half a step of W (`DeltaShare` measures how much). A tied embedding and head go once.
+   adapter apart (`AdapterPush`; W only after a sleep discarded it). A merged push sends only the adapted modules'
+   projections and, outside float32, rounds W + s·B·A with error feedback so that the update arrives
+   (`MergedPush`). A tied embedding and head go once.
 2. **Loading** (`push_weights`, `push`): vLLM's in-place `reload_weights`, then, on the CPU, the packed linear
    kernels rebuilt from the new values (`keep_cpu_linear_weights`: without it the push lands in parameters that
    no kernel reads), then the prefix cache dropped.
@@ -27,8 +28,10 @@ from __future__ import annotations
 
 import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
+import logging
 import shutil
 import time
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,61 +106,117 @@ def own_full_parameters(module: torch.nn.Module, zero_stage: int,
 # LoRA: the merged weights W + s·B·A, or the base W for an engine that applies the adapter
 
 
-class DeltaShare:
-    """How much of the adapters' update s·B·A survives in the merged weights W + s·B·A that vLLM receives.
+class MergedPush:
+    """A LoRA policy pushed to vLLM as merged weights W + s·B·A: what changes, rounded so that the update arrives.
 
-    The merged weight is held in the weights' dtype. In bfloat16 (8 bits of mantissa) an entry of s·B·A smaller
-    than half a bfloat16 step of its W rounds away: W + Δ == W, however exactly Δ itself is computed (the
-    adapters train in float32 over a bfloat16 base, optimizer.deepspeed_config), so early in a LoRA run in
-    bfloat16 (B starts at 0) a merged push would make vLLM sample nearly the base model while the trainer
-    computes the adapters. `add` accumulates, over the adapted modules of one push, ||Δ||² and ||round(W + Δ) − W||² and ||round(W + Δ) − W − Δ||², with Δ in float32; `metrics`
-    gives `sync/lora_delta_reached` = ||round(W + Δ) − W|| / ||Δ|| (about 1 when the update arrives, 0 when it
-    is lost) and `sync/lora_delta_error` = ||round(W + Δ) − W − Δ|| / ||Δ|| (0 when it arrives exactly); 1 and 0
-    when Δ = 0 (nothing to deliver). It is measured only where the merge rounds to fewer bits than float32
-    (`merged_weights`): in float32, the CPU default, a merged entry is exact to ~1e-7 of W, and measuring costs
-    about 5x the merge itself on the 2-core CPU (9 s a push for Qwen2.5-0.5B, measured), which would shorten the
-    default run by several steps. Nothing measured (float32, or the adapter pushed apart): no metrics.
+    **What is pushed.** Under LoRA only the adapted projections change. The engine loaded the same W from the model
+    folder at start (in the same dtype, cast the same way), so a push sends the projections of every module that
+    holds an adapted one (`changed_only` in `policy_weights`) and nothing else: not the embedding, the norms or the
+    head. All the projections of such a module go, adapted or not, because vLLM fuses q, k and v (and gate and up)
+    into one parameter and rebuilds a fused parameter from what a reload sends (vllm/model_executor/model_loader/
+    reload/layerwise.py, `finalize_layerwise_processing`: a layer loaded in part is materialised empty and the parts
+    not sent are lost). The reload re-runs `process_weights_after_loading` on each layer it loaded, which on the
+    CPU rebuilds that layer's packed kernel (layers/linear.py, `UnquantizedLinearMethod`), so such a push needs no
+    `repack_cpu_linear`. After a level-2 sleep the engine has lost every weight and the whole model is pushed.
+
+    **Rounding.** Outside float32 the merged weight is held in bfloat16 (8 bits of mantissa): rounded to nearest, an
+    entry of Δ = s·B·A below half a step of its W is lost (W + Δ == W), which early in a run is nearly all of Δ (B
+    starts at 0), so vLLM would sample the base model while the trainer computes the adapted one. Error feedback
+    instead: the part of W + Δ that the last rounding left out, r (float32, per adapted weight), is added before
+    the next rounding, pushed = round(W + Δ + r), r ← W + Δ + r − pushed. Each push is still within half a step of
+    W + Δ, but the rounding errors no longer pile up: over pushes 1..t the delivered updates add up to Σ Δ_s − r_t,
+    with |r_t| at most half a step per entry, so the mean delivered update converges to the mean intended one
+    (tests/test_push_check.py). No random draw is made, so a seeded run stays reproducible; a resumed run starts
+    again from r = 0 (the residual is not checkpointed: at most half a step per entry is dropped). Stochastic
+    rounding, the other unbiased rounding, was measured against it on a realistic layer (bench/RESULTS.md): its
+    error over K pushes falls as 1/sqrt(K), feedback's as 1/K. In float32 the merge is exact to ~1e-7 of W and is
+    done as before (PEFT's `get_delta_weight`), with no residual.
+
+    **Measured** outside float32, on a fixed sample of SAMPLE entries of every adapted weight (cheap; the whole
+    tensor would cost several times the merge): `sync/lora_delta_cosine` (delivered against intended update, this
+    push), `sync/lora_delta_error` = ||delivered − Δ|| / ||Δ|| this push, and `sync/lora_delta_bias` = ||Σ_s
+    (delivered_s − Δ_s)|| / ||Σ_s Δ_s|| over the pushes so far, which error feedback drives towards 0 and nearest
+    rounding leaves near 1 while Δ is below half a step.
     """
+
+    SAMPLE = 512
 
     def __init__(self):
-        self.measured = False
-        self.delta = self.reached = self.error = 0.0  # sums of squares
+        self.residual: dict[str, torch.Tensor] = {}
+        self.index: dict[str, torch.Tensor] = {}
+        self.bias: dict[str, torch.Tensor] = {}  # Σ over pushes of (delivered − Δ) on the sampled entries
+        self.intended: dict[str, torch.Tensor] = {}  # Σ over pushes of Δ on the sampled entries
+        self._rest: dict[torch.dtype, WeightSums] = {}
+        self._push = [0.0, 0.0, 0.0, 0.0]  # this push: Σ d·Δ, Σ d², Σ Δ², Σ (d − Δ)²
 
     @torch.no_grad()
-    def add(self, base: torch.Tensor, merged: torch.Tensor, delta: torch.Tensor) -> None:
-        self.measured = True
-        reached = merged.float() - base.float()
-        self.delta += float(delta.float().square().sum())
-        self.reached += float(reached.square().sum())
-        self.error += float((reached - delta.float()).square().sum())
+    def merge(self, name: str, weight: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """round(W + Δ + r) in W's dtype, the residual kept; `delta` is Δ in float32, `weight` W (any dtype)."""
+        target = delta + self.residual.get(name, 0.0)  # float32
+        target += weight
+        merged = target.to(weight.dtype)
+        self.residual[name] = target.sub_(merged)
+        self._measure(name, weight, merged, delta)
+        return merged
+
+    def _measure(self, name: str, weight: torch.Tensor, merged: torch.Tensor, delta: torch.Tensor) -> None:
+        if name not in self.index:
+            generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+            self.index[name] = torch.randint(0, weight.numel(), (min(self.SAMPLE, weight.numel()),), generator=generator)
+            self.bias[name] = torch.zeros(len(self.index[name]), dtype=torch.float64)
+            self.intended[name] = torch.zeros(len(self.index[name]), dtype=torch.float64)
+        i = self.index[name].to(weight.device)
+        w, d = weight.reshape(-1)[i].double(), delta.reshape(-1)[i].double()
+        delivered = merged.reshape(-1)[i].double() - w  # (SAMPLE,)
+        self._push[0] += float(delivered @ d)
+        self._push[1] += float(delivered @ delivered)
+        self._push[2] += float(d @ d)
+        self._push[3] += float((delivered - d).square().sum())
+        self.bias[name] += (delivered - d).cpu()
+        self.intended[name] += d.cpu()
 
     def metrics(self) -> dict[str, float]:
-        if not self.measured:
+        """This push's sync/lora_delta_* (see the class); {} where nothing was merged outside float32."""
+        dot, delivered, intended, error = self._push
+        self._push = [0.0, 0.0, 0.0, 0.0]
+        if not self.index:
             return {}
-        if self.delta == 0:
-            return {"sync/lora_delta_reached": 1.0, "sync/lora_delta_error": 0.0}
-        return {"sync/lora_delta_reached": (self.reached / self.delta) ** 0.5,
-                "sync/lora_delta_error": (self.error / self.delta) ** 0.5}
+        bias = sum(float(b.square().sum()) for b in self.bias.values())
+        total = sum(float(t.square().sum()) for t in self.intended.values())
+        return {"sync/lora_delta_cosine": dot / (delivered * intended) ** 0.5 if delivered * intended > 0 else 1.0,
+                "sync/lora_delta_error": (error / intended) ** 0.5 if intended > 0 else 0.0,
+                "sync/lora_delta_bias": (bias / total) ** 0.5 if total > 0 else 0.0}
+
+    def rest_sums(self, model: PeftModel, zero_stage: int, dtype: torch.dtype) -> WeightSums:
+        """The WeightSums of every weight a `changed_only` push leaves out, as the engine holds them: frozen, so
+        computed once (every rank walks, a collective under ZeRO-3)."""
+        if dtype not in self._rest:
+            pushed = {name for name, _ in policy_weights(model, zero_stage, changed_only=True, names_only=True)}
+            sums = WeightSums()
+            for name, tensor in base_weights(model, zero_stage):  # W under the names policy_weights gives them
+                if name not in pushed:
+                    sums.add_as_held(tensor, dtype)
+            self._rest[dtype] = sums
+        return self._rest[dtype]
 
 
-def merged_weights(layer: LoraLayer, share: DeltaShare | None = None) -> dict[str, torch.Tensor]:
+def merged_weights(layer: LoraLayer, merged_push: MergedPush | None = None, name: str = "") -> dict[str, torch.Tensor]:
     """`{"weight": W + s·B·A, "bias": b}` of one adapted layer, as new tensors (the layer is not changed).
 
-    The delta comes from PEFT's own `get_delta_weight` (the rule its `merge()` applies), summed over the active
-    adapters. The caller gathers the layer's parameters first under ZeRO-3. `share` (optional) records, outside
-    float32, how much of the delta the merged weight holds (`DeltaShare`); the delta it is compared with is s·B·A
-    computed in float32 from the adapters' values.
+    In float32, or without `merged_push`, the delta comes from PEFT's own `get_delta_weight` (the rule its
+    `merge()` applies), summed over the active adapters, and is added in W's dtype. Outside float32 with
+    `merged_push`, Δ is s·B·A in float32 (`exact_delta`) and the sum is rounded with error feedback
+    (`MergedPush.merge`, under `name`). The caller gathers the layer's parameters first under ZeRO-3.
     """
     base = layer.get_base_layer()
-    weight = base.weight.detach().clone()
-    deltas = []
-    for adapter in layer.active_adapters:
-        if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
-            deltas.append(layer.get_delta_weight(adapter).detach())
-            weight += deltas[-1].to(weight.dtype)
-    if share is not None and deltas and weight.dtype != torch.float32:  # float32 merges exactly (DeltaShare)
-        share.add(base.weight.detach(), weight, exact_delta(layer))
-    merged = {"weight": weight}
+    if merged_push is not None and base.weight.dtype != torch.float32:
+        merged = {"weight": merged_push.merge(name, base.weight.detach(), exact_delta(layer))}
+    else:
+        weight = base.weight.detach().clone()
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
+                weight += layer.get_delta_weight(adapter).detach().to(weight.dtype)
+        merged = {"weight": weight}
     if getattr(base, "bias", None) is not None:
         merged["bias"] = base.bias.detach().clone()
     return merged
@@ -176,29 +235,41 @@ def exact_delta(layer: LoraLayer) -> torch.Tensor:
     return delta
 
 
-def policy_weights(model: torch.nn.Module, zero_stage: int,
-                   share: DeltaShare | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def policy_weights(model: torch.nn.Module, zero_stage: int, merged_push: MergedPush | None = None, *,
+                   changed_only: bool = False, names_only: bool = False) -> Iterator[tuple[str, torch.Tensor | None]]:
     """Yield (Hugging Face name, full tensor) of every weight of the policy, as vLLM and a model folder hold them.
 
     A plain model: its parameters (`iter_full_parameters`). A PEFT model: every adapted module's merged
-    weight W + s·B·A (`merged_weights`) and every other parameter as it is, under the base model's names; the
-    adapters themselves are not yielded. Under ZeRO-3 one module at a time is gathered, and every rank must
-    consume the iterator in step (a gather is a collective). `share` records how much of each adapted module's
-    delta its merged weight holds (`DeltaShare`). A tied parameter is yielded once (`iter_full_parameters`).
+    weight W + s·B·A (`merged_weights`, rounded by `merged_push` outside float32) and every other parameter as it
+    is, under the base model's names; the adapters themselves are not yielded. With `changed_only` (a PEFT model)
+    only what training changes and what vLLM fuses with it: every projection of a module that holds an adapted
+    projection (`MergedPush`). With `names_only` the tensors are None and nothing is gathered or merged. Under
+    ZeRO-3 one module at a time is gathered, and every rank must consume the iterator in step (a gather is a
+    collective). A tied parameter is yielded once (`iter_full_parameters`).
     """
     if not is_lora(model):
         yield from iter_full_parameters(model, zero_stage)
         return
+    modules = dict(model.named_modules())
+    holders = {name.rpartition(".")[0] for name, module in modules.items() if isinstance(module, LoraLayer)}
     adapted: list[str] = []  # names of LoRA layers seen so far: their sub-modules are inside the merge
     seen: set[int] = set()  # ids of the parameters yielded so far (a tied head is the embedding's parameter)
-    for name, module in model.named_modules():
+    for name, module in modules.items():
         if any(name.startswith(prefix + ".") for prefix in adapted):
             continue
         if isinstance(module, LoraLayer):
             adapted.append(name)
+            if names_only:
+                yield from ((f"{hf_name(name)}.{key}", None) for key, _ in module.get_base_layer().named_parameters())
+                continue
             with lora.gathered(list(module.parameters()), zero_stage):
-                merged = merged_weights(module, share)
+                merged = merged_weights(module, merged_push, hf_name(name))
             yield from ((f"{hf_name(name)}.{key}", tensor) for key, tensor in merged.items())
+            continue
+        if changed_only and not (isinstance(module, torch.nn.Linear) and name.rpartition(".")[0] in holders):
+            continue
+        if names_only:
+            yield from ((hf_name(f"{name}.{key}"), None) for key, _ in module.named_parameters(recurse=False))
             continue
         yield from ((hf_name(f"{name}.{key}"), tensor) for key, tensor in own_full_parameters(module, zero_stage, seen))
 
@@ -284,15 +355,36 @@ def cpu_kernels_are_packed() -> bool:
     return not torch.cuda.is_available() and getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", True)
 
 
-def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bool | None = None) -> float:
+# What vLLM's in-place reload logs, at warning level, for every layer a push leaves out (model_loader/reload/
+# layerwise.py, `finalize_layerwise_processing`, and inplace.py, `reload_weights`): expected of a partial push.
+PARTIAL_RELOAD_MESSAGES = ("%s: Failed to load weights", "Following weights were not loaded from checkpoint: %s")
+
+
+class _PartialReloadFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in PARTIAL_RELOAD_MESSAGES
+
+
+def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bool | None = None,
+                 partial: bool = False) -> float:
     """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache. Returns seconds.
 
     On the CPU with packed kernels, the kernels are rebuilt from the new parameters (`repack`; None means "when
-    the engine's kernels are packed"). `repack=False` there leaves the engine generating from the old weights:
-    the push verification (`check_sync`) must then fail, which tests/test_rollout.py shows.
+    the engine's kernels are packed"). vLLM's reload rebuilds the kernel of each layer it loads, but not of a tied
+    head whose embedding was loaded: after a whole-model push `repack=False` leaves the engine generating from
+    the old head, and the push verification (`check_sync`) must then fail, which tests/test_rollout.py shows.
+    `partial` (some weights left out, as `MergedPush` sends) silences the reload's warning for each of them.
     """
     start = time.perf_counter()
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+    loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}") for name in ("layerwise", "inplace")]
+    quiet = _PartialReloadFilter()
+    for logger in loggers if partial else []:
+        logger.addFilter(quiet)
+    try:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
     if cpu_kernels_are_packed() if repack is None else repack:
         repack_cpu_linear(llm)
     # Cached KV blocks were computed by the old weights.
@@ -304,8 +396,8 @@ class AdapterPush:
     """The adapters themselves pushed into vLLM's LoRA support, so that no update is lost to rounding in W + s·B·A.
 
     vLLM computes W·x + s·B·(A·x) with the adapter kept apart from W (`LLM(enable_lora=True)`, rollout.make_engine),
-    so an update too small to change a bfloat16 W still reaches the samples (`DeltaShare` measures what a merged
-    push would lose). Each push writes the adapter in PEFT's format into a folder of this rank's and loads it as
+    so an update too small to change a bfloat16 W reaches the samples exactly (a merged push delivers it only on
+    average over pushes, `MergedPush`). Each push writes the adapter in PEFT's format into a folder of this rank's and loads it as
     a NEW adapter id: vLLM loads an id once and then only reuses it (vllm/lora/worker_manager.py lines 289-330,
     LRUCacheWorkerLoRAManager.add_adapter: an id already in the cache is not read again unless `load_inplace`,
     and `load_inplace` would re-read the folder at every scheduler step, since the adapters of a batch are
@@ -367,20 +459,29 @@ def request_kwargs(lora_request) -> dict:
 
 
 def push(llm, model: torch.nn.Module, zero_stage: int, *, adapter: AdapterPush | None = None, base: bool = True,
-         share: DeltaShare | None = None, sums: WeightSums | None = None, dtype: torch.dtype | None = None) -> float:
+         merged_push: MergedPush | None = None, sums: WeightSums | None = None,
+         dtype: torch.dtype | None = None) -> float:
     """The trainer's weights into the engine; returns seconds. `sums` adds up what the engine should now hold, cast
-    to the engine's `dtype`, for `check_weight_sums`.
+    to the engine's `dtype`, for `check_weight_sums`. `base` says the engine lost its weights (a level-2 sleep
+    discards them) and needs all of them.
 
-    Without `adapter`: `policy_weights` (with LoRA the merged W + s·B·A, their delivered share recorded in
-    `share`). With it: the base weights W, exactly as the trainer holds them, where `base` says the engine lost
-    them (a level-2 sleep discards them), then the adapter (`AdapterPush`). W is frozen and the engine loaded the
-    same W from the model folder at start, so without a sleep W is pushed never, and its sums come from
-    `AdapterPush.base_sums`: the push is the adapter alone (issue 37, item 4: pushing W every step was work
-    that only a discarding sleep makes necessary).
+    Without `adapter`: `policy_weights`. With LoRA (`merged_push`) the merged W + s·B·A, rounded with error
+    feedback outside float32, and, unless `base`, only what training changes (`MergedPush`); the frozen rest is
+    what the engine loaded at start, and its sums come from `MergedPush.rest_sums`. With `adapter`: the base
+    weights W, exactly as the trainer holds them, where `base`, then the adapter (`AdapterPush`); W is frozen and
+    the engine loaded the same W from the model folder at start, so without a sleep W is never pushed, and its sums
+    come from `AdapterPush.base_sums`.
     """
     if adapter is None:
-        weights = policy_weights(model, zero_stage, share)
-        return push_weights(llm, summed(weights, sums, dtype) if sums is not None else weights)
+        partial = merged_push is not None and not base
+        weights = policy_weights(model, zero_stage, merged_push, changed_only=partial)
+        if sums is not None:
+            weights = summed(weights, sums, dtype)
+            if partial:
+                sums.add_sums(merged_push.rest_sums(model, zero_stage, dtype))
+        if partial:  # the reload re-packs what it loads; the embedding, whose tied head would need it, is never sent
+            return push_weights(llm, weights, repack=False, partial=True)
+        return push_weights(llm, weights)
     seconds = push_weights(llm, base_weights(model, zero_stage)) if base else 0.0
     if sums is not None:
         sums.add_sums(adapter.base_sums(model, zero_stage, dtype))

@@ -42,8 +42,8 @@ def nan_loss() -> None:
 def corrupt_push() -> None:
     original = weight_sync.push_weights
 
-    def patched(llm, weights):
-        return original(llm, ((name, 2 * tensor) for name, tensor in weights))
+    def patched(llm, weights, **kwargs):
+        return original(llm, ((name, 2 * tensor) for name, tensor in weights), **kwargs)
 
     weight_sync.push_weights = patched
 

@@ -98,26 +98,26 @@ def test_plot_rejects_a_missing_file(tmp_path):
 # ---------------------------------------------------------------------------- a LoRA checkpoint (issue 37, item 2)
 
 
-def lora_checkpoint(tmp_path: Path) -> tuple[Path, Path]:
-    """A checkpoint folder as checkpoint.save_policy writes it for a LoRA run: policy/ and adapter/ beside it."""
+def lora_checkpoint(tmp_path: Path, dtype: str = "bfloat16") -> tuple[Path, Path]:
+    """A checkpoint folder as checkpoint.save_policy writes it for a LoRA run trained in `dtype`: policy/ (its
+    config.json names the dtype, as save_pretrained writes it) and adapter/ beside it."""
     base = tmp_path / "base"
-    base.mkdir()
+    base.mkdir(exist_ok=True)
     (base / "config.json").write_text("{}")
-    policy, adapter = tmp_path / "step-2" / "policy", tmp_path / "step-2" / "adapter"
+    policy, adapter = tmp_path / dtype / "policy", tmp_path / dtype / "adapter"
     policy.mkdir(parents=True)
     adapter.mkdir()
-    (policy / "config.json").write_text("{}")
+    (policy / "config.json").write_text(json.dumps({"dtype": dtype}))
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base), "r": 4}))
     return base, policy
 
 
-def test_a_lora_checkpoint_is_evaluated_as_base_and_adapter_outside_float32(tmp_path):
-    import torch
-
-    base, policy = lora_checkpoint(tmp_path)
-    assert evaluate.policy_source(str(policy), torch.bfloat16) == (str(base), policy.parent / "adapter", 4)
-    assert evaluate.policy_source(str(policy), torch.float32) == (str(policy), None, 0)  # the merge is exact there
-    assert evaluate.policy_source(str(base), torch.bfloat16) == (str(base), None, 0)  # a plain model folder
+def test_a_lora_checkpoint_merged_outside_float32_is_evaluated_as_base_and_adapter_on_any_machine(tmp_path):
+    base, policy = lora_checkpoint(tmp_path, "bfloat16")
+    assert evaluate.policy_source(str(policy)) == (str(base), policy.parent / "adapter", 4)
+    _, exact = lora_checkpoint(tmp_path, "float32")
+    assert evaluate.policy_source(str(exact)) == (str(exact), None, 0)  # merged in float32: exact, loaded as it is
+    assert evaluate.policy_source(str(base)) == (str(base), None, 0)  # a plain model folder
 
 
 def test_the_engine_applies_the_checkpoints_adapter_to_every_request(tmp_path, monkeypatch):

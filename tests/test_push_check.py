@@ -1,5 +1,4 @@
-"""The push check beyond the probe (issue 30, items 1 and 3): weight sums, and the share of a LoRA update that a
-merged push delivers.
+"""The push check beyond the probe: weight sums, and how much of a LoRA update a merged push delivers.
 
 In bfloat16 the probe's tolerance must leave room for vLLM's and the trainer's kernels (the GPU recipes: 0.5
 nats), and one step at lr 1e-6 moves the probe's log-probabilities by far less: a push that did not land would
@@ -10,7 +9,7 @@ uses it; `collective_rpc` with a function calls it with the worker, entrypoints/
 
 from __future__ import annotations
 
-import copy
+import importlib.util
 import json
 from pathlib import Path
 
@@ -26,6 +25,12 @@ import weight_sync
 from config import LORA_TARGETS, Config
 from test_sleep_order import (IllegalAddress, SleepModeEngine, cuda_kernels, fixed_rewards, make_run,  # noqa: F401
                               process_group, tiny_model)
+
+# The realistic bfloat16 projection of bench/merge_rounding.py, which prints what these tests hold.
+_spec = importlib.util.spec_from_file_location("merge_rounding", Path(__file__).parent.parent / "bench" / "merge_rounding.py")
+merge_rounding = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(merge_rounding)
+realistic_layer, relative_error = merge_rounding.realistic_layer, merge_rounding.relative_error
 
 
 def test_weight_sums_see_through_fused_and_padded_layouts_but_not_a_changed_value():
@@ -57,7 +62,7 @@ def test_a_push_that_did_not_land_passes_a_bf16_probe_tolerance_but_not_the_weig
     run.checksum = torch.float32  # what setup sets outside float32; float32 here, the stand-in's dtype
     step = canoe.train_step(run)  # a push that lands: both checks pass
     assert step.push_metrics["sync/weight_sums_gap"] <= 1e-12 and step.sync_diff <= 1e-4
-    def stale_push(llm, weights) -> float:  # the weights are produced (and summed) but never reach the engine
+    def stale_push(llm, weights, **kwargs) -> float:  # the weights are produced (and summed) but never reach the engine
         for _ in weights:
             pass
         return 0.0
@@ -88,34 +93,91 @@ def adapted_layer(dtype: torch.dtype, b_scale: float):
     return layer
 
 
-def test_a_merged_bf16_push_loses_an_update_below_half_a_step_of_w_and_the_share_says_so():
-    """W ~ 0.02 has a bf16 step of ~1.2e-4; an update of ~1e-6 per entry rounds away entirely in bf16."""
-    layer = adapted_layer(torch.bfloat16, 1e-7)
-    exact = weight_sync.exact_delta(layer)
-    assert 0 < float(exact.abs().max()) < 1e-5
-    share = weight_sync.DeltaShare()
-    merged = weight_sync.merged_weights(layer, share)["weight"]
-    assert torch.equal(merged, layer.get_base_layer().weight)  # nothing of the update reaches the engine
-    assert share.metrics()["sync/lora_delta_reached"] == 0.0
-    assert share.metrics()["sync/lora_delta_error"] == pytest.approx(1.0)
+def delivered(layer, merged: torch.Tensor) -> torch.Tensor:
+    return merged.float() - layer.get_base_layer().weight.float()
 
 
-def test_in_float32_the_merge_is_unchanged_and_exact_so_the_share_is_not_measured():
+def test_error_feedback_delivers_a_bf16_update_that_nearest_rounding_loses():
+    layer = realistic_layer()
+    delta = weight_sync.exact_delta(layer)
+    assert layer.get_base_layer().weight.dtype == torch.bfloat16 and float(delta.abs().max()) < 1e-4
+    # nearest rounding (the merge without feedback): the first step's update is mostly rounded away, every push alike
+    nearest = delivered(layer, weight_sync.merged_weights(layer)["weight"])
+    assert float((nearest * delta).sum() / delta.square().sum()) < 0.2 and relative_error(nearest, delta) > 0.9
+    # error feedback: what the pushes deliver adds up to what they should, but for the last residual, which is at
+    # most half a bfloat16 step of the last pushed value per entry (so the mean over pushes converges to the update)
+    push = weight_sync.MergedPush()
+    pushes = torch.stack([delivered(layer, weight_sync.merged_weights(layer, push, "w")["weight"]) for _ in range(32)])
+    half_step = (layer.get_base_layer().weight.float() + pushes[-1]).abs() * 2.0**-8
+    assert bool(((pushes.sum(0) - 32 * delta).abs() <= half_step + 1e-12).all())
+    assert relative_error(pushes.mean(0), delta) < 0.3 < relative_error(pushes[:8].mean(0), delta)
+
+
+def test_over_a_run_the_update_arrives_with_feedback_and_a_fifth_of_it_is_lost_without():
+    """B grows step by step (Adam moves every entry by about the learning rate), as over the default's 24 steps:
+    summed over the pushes, error feedback delivers the update to a few percent; nearest rounding loses a fifth."""
+    layer = realistic_layer()
+    first_b = layer.lora_B["default"].weight.detach().clone()
+    push = weight_sync.MergedPush()
+    intended, fed_back, nearest = 0, 0, 0
+    for step in range(1, 25):
+        with torch.no_grad():
+            layer.lora_B["default"].weight.copy_(first_b * step)
+        intended = intended + weight_sync.exact_delta(layer)
+        fed_back = fed_back + delivered(layer, weight_sync.merged_weights(layer, push, "w")["weight"])
+        nearest = nearest + delivered(layer, weight_sync.merged_weights(layer)["weight"])
+        metrics = push.metrics()
+        if step == 1:
+            assert metrics["sync/lora_delta_bias"] > 0.9 and metrics["sync/lora_delta_cosine"] < 0.5
+    assert relative_error(fed_back, intended) < 0.05 and relative_error(nearest, intended) > 0.15
+    assert metrics["sync/lora_delta_bias"] < 0.05  # the metric, on its sample, says the same
+    assert metrics["sync/lora_delta_cosine"] > 0.8
+
+
+def test_the_delivery_metrics_are_measured_on_fixed_entries():
+    layer = realistic_layer()
+    push = weight_sync.MergedPush()
+    weight_sync.merged_weights(layer, push, "w")
+    first = push.metrics()
+    assert set(first) == {"sync/lora_delta_cosine", "sync/lora_delta_error", "sync/lora_delta_bias"}
+    assert first["sync/lora_delta_error"] == pytest.approx(first["sync/lora_delta_bias"])  # one push: the same
+    again = weight_sync.MergedPush()
+    weight_sync.merged_weights(layer, again, "w")
+    assert torch.equal(again.index["w"], push.index["w"]) and again.metrics() == first
+    assert len(push.index["w"]) == weight_sync.MergedPush.SAMPLE
+
+
+def test_in_float32_the_merge_is_unchanged_and_exact_and_nothing_is_measured():
     layer = adapted_layer(torch.float32, 1e-3)
-    share = weight_sync.DeltaShare()
-    merged = weight_sync.merged_weights(layer, share)["weight"]
-    assert torch.equal(merged, weight_sync.merged_weights(copy.deepcopy(layer))["weight"])  # the share only watches
+    push = weight_sync.MergedPush()
+    merged = weight_sync.merged_weights(layer, push, "w")["weight"]
     expected = layer.get_base_layer().weight + layer.get_delta_weight("default")
-    assert torch.equal(merged, expected)
+    assert torch.equal(merged, expected) and torch.equal(merged, weight_sync.merged_weights(layer)["weight"])
     torch.testing.assert_close(weight_sync.exact_delta(layer), layer.get_delta_weight("default"), rtol=0, atol=0)
-    assert share.metrics() == {}  # float32 merges exactly: not measured (it would cost 5x the merge on the CPU)
-    measured = weight_sync.DeltaShare()
-    measured.add(layer.get_base_layer().weight, merged, weight_sync.exact_delta(layer))  # what it would say
-    assert measured.metrics()["sync/lora_delta_reached"] == pytest.approx(1.0, abs=1e-3)
-    assert measured.metrics()["sync/lora_delta_error"] < 1e-3
-    nothing = weight_sync.DeltaShare()
-    nothing.add(layer.get_base_layer().weight, layer.get_base_layer().weight, torch.zeros(1))
-    assert nothing.metrics() == {"sync/lora_delta_reached": 1.0, "sync/lora_delta_error": 0.0}
+    assert push.metrics() == {} and push.residual == {}  # float32 merges exactly: no residual, nothing measured
+
+
+@pytest.mark.parametrize("targets", [LORA_TARGETS, ["q_proj", "v_proj"]])
+def test_a_changed_only_push_sends_every_projection_of_an_adapted_module_and_nothing_else(targets, process_group):
+    """vLLM fuses q, k, v (and gate, up): a reload that sent q and v alone would lose k, so k goes too."""
+    model = lora.wrap(tiny_model(), rank=4, alpha=8.0, dropout=0.0, target_modules=targets)
+    every = [name for name, _ in weight_sync.policy_weights(model, 2)]
+    names = [name for name, _ in weight_sync.policy_weights(model, 2, changed_only=True, names_only=True)]
+    assert names == [name for name, _ in weight_sync.policy_weights(model, 2, changed_only=True)]
+    attention = [f"model.layers.{i}.self_attn.{p}.weight" for i in range(2) for p in ("q_proj", "k_proj", "v_proj",
+                                                                                      "o_proj")]
+    mlp = [f"model.layers.{i}.mlp.{p}.weight" for i in range(2) for p in ("gate_proj", "up_proj", "down_proj")]
+    expected = attention + mlp if "down_proj" in targets else attention
+    assert sorted(names) == sorted(expected) and set(names) <= set(every)
+    assert not any("embed" in n or "norm" in n or "lm_head" in n for n in names)
+    # what is left out, summed once, and what is pushed add up to the sums of a whole push
+    whole, part = weight_sync.WeightSums(), weight_sync.WeightSums()
+    for _, tensor in weight_sync.policy_weights(model, 2):
+        whole.add(tensor)
+    for _, tensor in weight_sync.policy_weights(model, 2, changed_only=True):
+        part.add(tensor)
+    part.add_sums(weight_sync.MergedPush().rest_sums(model, 2, torch.float32))
+    assert part.total == pytest.approx(whole.total, rel=1e-12) and part.squares == pytest.approx(whole.squares, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------- the adapter pushed as it is (item 1)
