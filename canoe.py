@@ -180,7 +180,7 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     run = Run(cfg, rank, world_size, device, tokenizer, engine, reference, llm, rows, sampler, grader, total_steps,
               probe, sleep, out, checksum=None if dtype == torch.float32 else dtype,
               adapter=weight_sync.AdapterPush(out / "vllm-adapter" / f"rank-{rank}") if adapter else None,
-              merged_push=weight_sync.MergedPush() if cfg.lora_rank and not adapter else None)
+              merged_push=weight_sync.MergedPush(cfg.lora_merge_rounding) if cfg.lora_rank and not adapter else None)
     if resume:
         restore(run)
     return run

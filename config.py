@@ -105,6 +105,9 @@ class Config:
     lora_push: str = _key("auto", "how vLLM gets a LoRA policy: merged (W + s·B·A), adapter (vLLM's LoRA support: "
                           "W and the adapter apart, nothing lost to rounding) or auto (adapter on a GPU outside "
                           "float32, merged elsewhere: config.Config.pushes_adapter)")
+    lora_merge_rounding: str = _key("nearest", "a merged LoRA push outside float32: nearest (each push the closest "
+                                    "bfloat16 to W + s·B·A) or feedback (what one push's rounding left out is added "
+                                    "to the next, so the update arrives on average; weight_sync.MergedPush)")
     offload_optimizer: bool = _key(False, "keep optimizer state in CPU memory (DeepSpeed CPU Adam)")
     # --- loss (grpo_loss.py; every default is the original CANOE run's)
     beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
@@ -154,8 +157,8 @@ class Config:
         is lost. On the CPU vLLM applies an adapter with its reference torch kernels, which gather a copy of the
         adapter's matrices for every token (vllm/lora/ops/torch_ops/lora_ops.py, `bgmv_expand`: `lora_b_weights[
         lora_indices_tensor]`), and sampling with it took 1.6-1.9x as long as with merged weights, far more than a
-        merged push costs (bench/RESULTS.md, "The adapter push on the CPU"): there "auto" merges, with error
-        feedback outside float32 (weight_sync.MergedPush), and `sync/lora_delta_*` say how much arrives.
+        merged push costs (bench/RESULTS.md, "The adapter push on the CPU"): there "auto" merges, and
+        `sync/lora_delta_*` say how much of the update arrives (`lora_merge_rounding`, weight_sync.MergedPush).
         """
         if not self.lora_rank:
             return False
@@ -180,6 +183,7 @@ SYNC_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5}
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16"),
     "lora_push": ("auto", "merged", "adapter"),
+    "lora_merge_rounding": ("nearest", "feedback"),
     "on_long_prompt": ("drop", "error"),
     "lr_scheduler": ("cosine", "constant"),
     "zero_stage": (2, 3),

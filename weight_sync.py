@@ -8,8 +8,8 @@ file is the whole path, in the order a step takes it:
    so the whole model is never gathered at once. With LoRA (lora.py) vLLM gets W + s·B·A, built in a new tensor
    (the trainer's modules stay unmerged, W bit-identical for the whole run), or, on a GPU outside float32, the
    adapter apart (`AdapterPush`; W only after a sleep discarded it). A merged push sends only the adapted modules'
-   projections and, outside float32, rounds W + s·B·A with error feedback so that the update arrives
-   (`MergedPush`). A tied embedding and head go once.
+   projections and, outside float32, measures how much of the update arrives; error feedback, on request, makes
+   it arrive on average (`MergedPush`). A tied embedding and head go once.
 2. **Loading** (`push_weights`, `push`): vLLM's in-place `reload_weights`, then, on the CPU, the packed linear
    kernels rebuilt from the new values (`keep_cpu_linear_weights`: without it the push lands in parameters that
    no kernel reads), then the prefix cache dropped.
@@ -107,7 +107,7 @@ def own_full_parameters(module: torch.nn.Module, zero_stage: int,
 
 
 class MergedPush:
-    """A LoRA policy pushed to vLLM as merged weights W + s·B·A: what changes, rounded so that the update arrives.
+    """A LoRA policy pushed to vLLM as merged weights W + s·B·A: only what changes, and how much of the update arrives.
 
     **What is pushed.** Under LoRA only the adapted projections change. The engine loaded the same W from the model
     folder at start (in the same dtype, cast the same way), so a push sends the projections of every module that
@@ -119,29 +119,34 @@ class MergedPush:
     CPU rebuilds that layer's packed kernel (layers/linear.py, `UnquantizedLinearMethod`), so such a push needs no
     `repack_cpu_linear`. After a level-2 sleep the engine has lost every weight and the whole model is pushed.
 
-    **Rounding.** Outside float32 the merged weight is held in bfloat16 (8 bits of mantissa): rounded to nearest, an
-    entry of Δ = s·B·A below half a step of its W is lost (W + Δ == W), which early in a run is nearly all of Δ (B
-    starts at 0), so vLLM would sample the base model while the trainer computes the adapted one. Error feedback
-    instead: the part of W + Δ that the last rounding left out, r (float32, per adapted weight), is added before
-    the next rounding, pushed = round(W + Δ + r), r ← W + Δ + r − pushed. Each push is still within half a step of
-    W + Δ, but the rounding errors no longer pile up: over pushes 1..t the delivered updates add up to Σ Δ_s − r_t,
-    with |r_t| at most half a step per entry, so the mean delivered update converges to the mean intended one
-    (tests/test_push_check.py). No random draw is made, so a seeded run stays reproducible; a resumed run starts
-    again from r = 0 (the residual is not checkpointed: at most half a step per entry is dropped). Stochastic
-    rounding, the other unbiased rounding, was measured against it on a realistic layer (bench/RESULTS.md): its
-    error over K pushes falls as 1/sqrt(K), feedback's as 1/K. In float32 the merge is exact to ~1e-7 of W and is
-    done as before (PEFT's `get_delta_weight`), with no residual.
+    **Rounding** (`rounding`, the config's `lora_merge_rounding`). Outside float32 the merged weight is held in
+    bfloat16 (8 bits of mantissa). "nearest" rounds W + Δ (Δ = s·B·A) to the closest bfloat16 at every push, as
+    PEFT's merge does: an entry of Δ below half a step of its W is lost (W + Δ == W), which early in a run is most
+    of Δ (B starts at 0), so vLLM samples a policy between the base and the trainer's. "feedback" adds the part of
+    W + Δ that the last rounding left out, r (float32, per adapted weight), before the next rounding: pushed =
+    round(W + Δ + r), r ← W + Δ + r − pushed. The rounding errors then no longer pile up: over pushes 1..t the
+    delivered updates add up to Σ Δ_s − r_t, with |r_t| at most half a step per entry, so the mean delivered update
+    converges to the intended one (tests/test_push_check.py; stochastic rounding, the other unbiased rounding,
+    converges as 1/sqrt(K) where feedback does as 1/K: bench/merge_rounding.py). The price is a larger error at
+    any one push (up to a whole step against half a step), which vLLM samples with: on the default it raised the
+    probe's gap from at most 0.33 to 0.45 nats, near the 0.5 tolerance (bench/RESULTS.md), so "nearest" stays the
+    default until the probe tolerance is set from a measured distribution. No random draw is made either way; a
+    resumed run restarts r at 0 (it is not checkpointed). In float32 the merge is exact to ~1e-7 of W and is done
+    by PEFT's `get_delta_weight`, with nothing measured.
 
     **Measured** outside float32, on a fixed sample of SAMPLE entries of every adapted weight (cheap; the whole
     tensor would cost several times the merge): `sync/lora_delta_cosine` (delivered against intended update, this
     push), `sync/lora_delta_error` = ||delivered − Δ|| / ||Δ|| this push, and `sync/lora_delta_bias` = ||Σ_s
-    (delivered_s − Δ_s)|| / ||Σ_s Δ_s|| over the pushes so far, which error feedback drives towards 0 and nearest
-    rounding leaves near 1 while Δ is below half a step.
+    (delivered_s − Δ_s)|| / ||Σ_s Δ_s|| over the pushes so far, which feedback drives towards 0 and nearest
+    rounding leaves high while Δ is below half a step.
     """
 
     SAMPLE = 512
 
-    def __init__(self):
+    def __init__(self, rounding: str = "feedback"):
+        if rounding not in ("nearest", "feedback"):
+            raise ValueError(f"rounding must be 'nearest' or 'feedback', got {rounding!r}")
+        self.rounding = rounding
         self.residual: dict[str, torch.Tensor] = {}
         self.index: dict[str, torch.Tensor] = {}
         self.bias: dict[str, torch.Tensor] = {}  # Σ over pushes of (delivered − Δ) on the sampled entries
@@ -151,22 +156,25 @@ class MergedPush:
 
     @torch.no_grad()
     def merge(self, name: str, weight: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """round(W + Δ + r) in W's dtype, the residual kept; `delta` is Δ in float32, `weight` W (any dtype)."""
+        """W + Δ in W's dtype, rounded as `rounding` says (feedback keeps the residual); `delta` is Δ in float32."""
         target = delta + self.residual.get(name, 0.0)  # float32
         target += weight
         merged = target.to(weight.dtype)
-        self.residual[name] = target.sub_(merged)
-        self._measure(name, weight, merged, delta)
+        if self.rounding == "feedback":
+            self.residual[name] = target.sub_(merged)
+        self.measure(name, weight, merged, lambda index: delta.reshape(-1)[index])
         return merged
 
-    def _measure(self, name: str, weight: torch.Tensor, merged: torch.Tensor, delta: torch.Tensor) -> None:
+    def measure(self, name: str, weight: torch.Tensor, merged: torch.Tensor, delta_at) -> None:
+        """Add one adapted weight's push to the metrics: W, what was pushed, and `delta_at(index)`, Δ in float32
+        at the given flat positions (the layer's fixed sample)."""
         if name not in self.index:
             generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
             self.index[name] = torch.randint(0, weight.numel(), (min(self.SAMPLE, weight.numel()),), generator=generator)
             self.bias[name] = torch.zeros(len(self.index[name]), dtype=torch.float64)
             self.intended[name] = torch.zeros(len(self.index[name]), dtype=torch.float64)
         i = self.index[name].to(weight.device)
-        w, d = weight.reshape(-1)[i].double(), delta.reshape(-1)[i].double()
+        w, d = weight.reshape(-1)[i].double(), delta_at(i).double()
         delivered = merged.reshape(-1)[i].double() - w  # (SAMPLE,)
         self._push[0] += float(delivered @ d)
         self._push[1] += float(delivered @ delivered)
@@ -203,23 +211,41 @@ class MergedPush:
 def merged_weights(layer: LoraLayer, merged_push: MergedPush | None = None, name: str = "") -> dict[str, torch.Tensor]:
     """`{"weight": W + s·B·A, "bias": b}` of one adapted layer, as new tensors (the layer is not changed).
 
-    In float32, or without `merged_push`, the delta comes from PEFT's own `get_delta_weight` (the rule its
-    `merge()` applies), summed over the active adapters, and is added in W's dtype. Outside float32 with
-    `merged_push`, Δ is s·B·A in float32 (`exact_delta`) and the sum is rounded with error feedback
-    (`MergedPush.merge`, under `name`). The caller gathers the layer's parameters first under ZeRO-3.
+    By default the delta comes from PEFT's own `get_delta_weight` (the rule its `merge()` applies), summed over
+    the active adapters, and is added in W's dtype. Outside float32, `merged_push` measures what arrives (under
+    `name`) and, with feedback rounding, rounds Δ = s·B·A in float32 (`exact_delta`) with the residual instead
+    (`MergedPush.merge`). The caller gathers the layer's parameters first under ZeRO-3.
     """
     base = layer.get_base_layer()
-    if merged_push is not None and base.weight.dtype != torch.float32:
+    measured = merged_push is not None and base.weight.dtype != torch.float32
+    if measured and merged_push.rounding == "feedback":
         merged = {"weight": merged_push.merge(name, base.weight.detach(), exact_delta(layer))}
     else:
         weight = base.weight.detach().clone()
         for adapter in layer.active_adapters:
             if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
                 weight += layer.get_delta_weight(adapter).detach().to(weight.dtype)
+        if measured:
+            merged_push.measure(name, base.weight.detach(), weight, lambda index: sampled_delta(layer, index))
         merged = {"weight": weight}
     if getattr(base, "bias", None) is not None:
         merged["bias"] = base.bias.detach().clone()
     return merged
+
+
+@torch.no_grad()
+def sampled_delta(layer: LoraLayer, index: torch.Tensor) -> torch.Tensor:
+    """`exact_delta(layer)` at the flat positions `index` only, `(len(index),)` float32: no full-size product."""
+    weight = layer.get_base_layer().weight
+    rows, cols = index // weight.shape[1], index % weight.shape[1]
+    delta = torch.zeros(len(index), dtype=torch.float32, device=weight.device)
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A:
+            a, b = layer.lora_A[adapter].weight.float(), layer.lora_B[adapter].weight.float()  # (r, in), (out, r)
+            if layer.fan_in_fan_out:
+                rows, cols = cols, rows
+            delta += (b[rows] * a[:, cols].T).sum(dim=1) * layer.scaling[adapter]
+    return delta
 
 
 @torch.no_grad()

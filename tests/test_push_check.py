@@ -147,6 +147,23 @@ def test_the_delivery_metrics_are_measured_on_fixed_entries():
     assert len(push.index["w"]) == weight_sync.MergedPush.SAMPLE
 
 
+def test_nearest_rounding_merges_as_peft_does_and_measures_what_it_loses():
+    """The default (`lora_merge_rounding = "nearest"`): the same merged weight as without a MergedPush, no
+    residual, and the metrics say how little of a first step's update arrives."""
+    layer = realistic_layer()
+    push = weight_sync.MergedPush("nearest")
+    merged = weight_sync.merged_weights(layer, push, "w")["weight"]
+    assert torch.equal(merged, weight_sync.merged_weights(layer)["weight"]) and push.residual == {}
+    metrics = push.metrics()
+    assert metrics["sync/lora_delta_error"] > 0.9 and metrics["sync/lora_delta_bias"] > 0.9
+    # measured on the sample with Δ computed at those entries only, as the whole product gives them
+    index = push.index["w"]
+    torch.testing.assert_close(weight_sync.sampled_delta(layer, index), weight_sync.exact_delta(layer).reshape(-1)[index],
+                               rtol=1e-5, atol=1e-12)
+    with pytest.raises(ValueError, match="rounding"):
+        weight_sync.MergedPush("stochastic")
+
+
 def test_in_float32_the_merge_is_unchanged_and_exact_and_nothing_is_measured():
     layer = adapted_layer(torch.float32, 1e-3)
     push = weight_sync.MergedPush()
