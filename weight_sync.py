@@ -107,7 +107,8 @@ def own_full_parameters(module: torch.nn.Module, zero_stage: int,
 
 
 class MergedPush:
-    """A LoRA policy pushed to vLLM as merged weights W + s·B·A: only what changes, and how much of the update arrives.
+    """A LoRA policy pushed to vLLM as merged weights W + s·B·A: only what changes, and how much of the update
+    arrives.
 
     **What is pushed.** Under LoRA only the adapted projections change. The engine loaded the same W from the model
     folder at start (in the same dtype, cast the same way), so a push sends the projections of every module that
@@ -120,19 +121,19 @@ class MergedPush:
     `repack_cpu_linear`. After a level-2 sleep the engine has lost every weight and the whole model is pushed.
 
     **Rounding** (`rounding`, the config's `lora_merge_rounding`). Outside float32 the merged weight is held in
-    bfloat16 (8 bits of mantissa). "nearest" rounds W + Δ (Δ = s·B·A) to the closest bfloat16 at every push, as
-    PEFT's merge does: an entry of Δ below half a step of its W is lost (W + Δ == W), which early in a run is most
-    of Δ (B starts at 0), so vLLM samples a policy between the base and the trainer's. "feedback" adds the part of
-    W + Δ that the last rounding left out, r (float32, per adapted weight), before the next rounding: pushed =
+    bfloat16 (8 bits of mantissa). "nearest" adds Δ = s·B·A to W in bfloat16 at every push, as PEFT's merge does (Δ
+    rounded, then the sum): an entry of Δ below half a step of its W is lost (W + Δ == W), which early in a run is
+    most of Δ (B starts at 0), so vLLM samples a policy between the base and the trainer's. "feedback" adds the part
+    of W + Δ that the last rounding left out, r (float32, per adapted weight), before the next rounding: pushed =
     round(W + Δ + r), r ← W + Δ + r − pushed. The rounding errors then no longer pile up: over pushes 1..t the
     delivered updates add up to Σ Δ_s − r_t, with |r_t| at most half a step per entry, so the mean delivered update
     converges to the intended one (tests/test_push_check.py; stochastic rounding, the other unbiased rounding,
-    converges as 1/sqrt(K) where feedback does as 1/K: bench/merge_rounding.py). The price is a larger error at
-    any one push (up to a whole step against half a step), which vLLM samples with: on the default it raised the
-    probe's gap from at most 0.33 to 0.45 nats, near the 0.5 tolerance (bench/RESULTS.md), so "nearest" stays the
-    default until the probe tolerance is set from a measured distribution. No random draw is made either way; a
-    resumed run restarts r at 0 (it is not checkpointed). In float32 the merge is exact to ~1e-7 of W and is done
-    by PEFT's `get_delta_weight`, with nothing measured.
+    converges as 1/sqrt(K) where feedback does as 1/K: bench/merge_rounding.py). The price is a larger error at any
+    one push (up to a whole step against half a step), which vLLM samples with: on the default it raised the probe's
+    gap from at most 0.33 to 0.45 nats, near the 0.5 tolerance (bench/RESULTS.md), so "nearest" stays the default
+    until the probe tolerance is set from a measured distribution. No random draw is made either way; a resumed run
+    restarts r at 0 (it is not checkpointed). In float32 the merge is exact to ~1e-7 of W and is done by PEFT's
+    `get_delta_weight`, with nothing measured.
 
     **Measured** outside float32, on a fixed sample of SAMPLE entries of every adapted weight (cheap; the whole
     tensor would cost several times the merge): `sync/lora_delta_cosine` (delivered against intended update, this
@@ -170,7 +171,8 @@ class MergedPush:
         at the given flat positions (the layer's fixed sample)."""
         if name not in self.index:
             generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-            self.index[name] = torch.randint(0, weight.numel(), (min(self.SAMPLE, weight.numel()),), generator=generator)
+            size = (min(self.SAMPLE, weight.numel()),)
+            self.index[name] = torch.randint(0, weight.numel(), size, generator=generator)
             self.bias[name] = torch.zeros(len(self.index[name]), dtype=torch.float64)
             self.intended[name] = torch.zeros(len(self.index[name]), dtype=torch.float64)
         i = self.index[name].to(weight.device)
