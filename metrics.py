@@ -50,8 +50,7 @@ def write_run_info(cfg, out: Path, world_size: int, dtype) -> None:
         except metadata.PackageNotFoundError:
             pass
     info = {"config": dataclasses.asdict(cfg), "dtype": str(dtype).removeprefix("torch."), "world_size": world_size,
-            "versions": versions,
-            "python": sys.version.split()[0], "argv": sys.argv}
+            "versions": versions, "python": sys.version.split()[0], "argv": sys.argv}
     (out / "run_config.json").write_text(json.dumps(info, indent=1))
 
 

@@ -201,10 +201,10 @@ class MergedPush:
         """The WeightSums of every weight a `changed_only` push leaves out, as the engine holds them: frozen, so
         computed once (every rank walks, a collective under ZeRO-3)."""
         if dtype not in self._rest:
-            pushed = {name for name, _ in policy_weights(model, zero_stage, changed_only=True, names_only=True)}
+            pushed = {hf_name(name) for name in changed_modules(model)}
             sums = WeightSums()
             for name, tensor in base_weights(model, zero_stage):  # W under the names policy_weights gives them
-                if name not in pushed:
+                if name.rpartition(".")[0] not in pushed:
                     sums.add_as_held(tensor, dtype)
             self._rest[dtype] = sums
         return self._rest[dtype]
@@ -263,41 +263,43 @@ def exact_delta(layer: LoraLayer) -> torch.Tensor:
     return delta
 
 
+def changed_modules(model: PeftModel) -> set[str]:
+    """The modules a `changed_only` push sends: every adapted projection and every plain projection beside one in
+    the same parent (vLLM fuses q, k and v, and gate and up, so they travel together; `MergedPush`)."""
+    modules = dict(model.named_modules())
+    adapted = {name for name, module in modules.items() if isinstance(module, LoraLayer)}
+    holders = {name.rpartition(".")[0] for name in adapted}
+    return adapted | {name for name, module in modules.items()
+                      if isinstance(module, torch.nn.Linear) and name.rpartition(".")[0] in holders}
+
+
 def policy_weights(model: torch.nn.Module, zero_stage: int, merged_push: MergedPush | None = None, *,
-                   changed_only: bool = False, names_only: bool = False) -> Iterator[tuple[str, torch.Tensor | None]]:
+                   changed_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (Hugging Face name, full tensor) of every weight of the policy, as vLLM and a model folder hold them.
 
     A plain model: its parameters (`iter_full_parameters`). A PEFT model: every adapted module's merged
     weight W + s·B·A (`merged_weights`, rounded by `merged_push` outside float32) and every other parameter as it
     is, under the base model's names; the adapters themselves are not yielded. With `changed_only` (a PEFT model)
-    only what training changes and what vLLM fuses with it: every projection of a module that holds an adapted
-    projection (`MergedPush`). With `names_only` the tensors are None and nothing is gathered or merged. Under
-    ZeRO-3 one module at a time is gathered, and every rank must consume the iterator in step (a gather is a
-    collective). A tied parameter is yielded once (`iter_full_parameters`).
+    only what training changes and what vLLM fuses with it (`changed_modules`). Under ZeRO-3 one module at a time
+    is gathered, and every rank must consume the iterator in step (a gather is a collective). A tied parameter is
+    yielded once (`iter_full_parameters`).
     """
     if not is_lora(model):
         yield from iter_full_parameters(model, zero_stage)
         return
-    modules = dict(model.named_modules())
-    holders = {name.rpartition(".")[0] for name, module in modules.items() if isinstance(module, LoraLayer)}
+    sent = changed_modules(model) if changed_only else None
     adapted: list[str] = []  # names of LoRA layers seen so far: their sub-modules are inside the merge
     seen: set[int] = set()  # ids of the parameters yielded so far (a tied head is the embedding's parameter)
-    for name, module in modules.items():
+    for name, module in model.named_modules():
         if any(name.startswith(prefix + ".") for prefix in adapted):
             continue
         if isinstance(module, LoraLayer):
             adapted.append(name)
-            if names_only:
-                yield from ((f"{hf_name(name)}.{key}", None) for key, _ in module.get_base_layer().named_parameters())
-                continue
             with lora.gathered(list(module.parameters()), zero_stage):
                 merged = merged_weights(module, merged_push, hf_name(name))
             yield from ((f"{hf_name(name)}.{key}", tensor) for key, tensor in merged.items())
             continue
-        if changed_only and not (isinstance(module, torch.nn.Linear) and name.rpartition(".")[0] in holders):
-            continue
-        if names_only:
-            yield from ((hf_name(f"{name}.{key}"), None) for key, _ in module.named_parameters(recurse=False))
+        if sent is not None and name not in sent:
             continue
         yield from ((hf_name(f"{name}.{key}"), tensor) for key, tensor in own_full_parameters(module, zero_stage, seen))
 

@@ -209,38 +209,39 @@ def merge_in_float32(base: str, adapter: str, target: Path) -> None:
     AutoTokenizer.from_pretrained(base).save_pretrained(target)
 
 
-def prompts(side: Side, target: Target, cfg) -> tuple[list, list[list[int]], int]:
-    """The items of `target` and their prompt ids under `side`'s prompt, and the new-token limit."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model)  # the policy shares its base's tokenizer
-    style = dict(side.style)
+def read_items(target: Target) -> tuple[list, list[str]]:
+    """The items of `target` (rows of the synthetic format, or suites.Item) and their problems (the user turns)."""
     if target.suite is None:
         items = data.load_dataset(target.path)[: target.limit or None]
-        problems, max_tokens = [row["problem"] for row in items], cfg.max_completion_tokens
-    else:
-        items = suites.read_suite(target.suite, target.path)[: target.limit or None]
-        style["system_prompt"] = suites.indent_system_prompt(style["system_prompt"])  # as the official scripts do
-        problems, max_tokens = [item.problem for item in items], cfg.suite_max_tokens
+        return items, [row["problem"] for row in items]
+    items = suites.read_suite(target.suite, target.path)[: target.limit or None]
+    return items, [item.problem for item in items]
+
+
+def prompt_ids(tokenizer, style: dict[str, str], target: Target, problems: list[str]) -> list[list[int]]:
+    """The problems' prompt ids under `style`; a suite's system prompt indented as the official scripts do."""
+    if target.suite is not None:
+        style = {**style, "system_prompt": suites.indent_system_prompt(style["system_prompt"])}
     rows, _ = data.prepare_prompts(tokenizer, [{"problem": p} for p in problems], 10**9, **style)
-    return items, [r["prompt_ids"] for r in rows], max_tokens
+    return [r["prompt_ids"] for r in rows]
 
 
-def answer(side: Side, targets: list[Target], cfg, dtype: str, cache: Path) -> dict[str, list[str]]:
+def answer(side: Side, targets: list[Target], problems: dict[str, list[str]], tokenizer, cfg, dtype: str,
+           cache: Path) -> dict[str, list[str]]:
     """Every target's outputs from `side` (response prefix included), from the cache where it holds them; the rest
-    in one greedy vLLM generate call, each prompt with its own token limit."""
+    in one greedy vLLM generate call, each prompt with its own token limit (a suite's is the official 1024)."""
     outputs, todo = {}, []
     for target in targets:
-        items, ids, max_tokens = prompts(side, target, cfg)
+        max_tokens = cfg.max_completion_tokens if target.suite is None else cfg.suite_max_tokens
         decoding = {"dtype": dtype, "max_tokens": max_tokens, "temperature": 0.0, "suite": target.suite,
-                    "items": len(items)}
+                    "items": len(problems[target.name])}
         key = cache_key(side.digest, side.style, digest_files([target.path]), decoding)
         path = cache / f"{key}.json"
         if path.exists():
             outputs[target.name] = json.loads(path.read_text())["outputs"]
-            print(f"{side.name}: {target.name}: {len(items)} outputs from the cache ({path.name})")
+            print(f"{side.name}: {target.name}: {len(outputs[target.name])} outputs from the cache ({path.name})")
         else:
-            todo.append((target, ids, max_tokens, path))
+            todo.append((target, prompt_ids(tokenizer, side.style, target, problems[target.name]), max_tokens, path))
     if not todo:
         return outputs
     if side.merged_from is not None and not side.model.exists():
@@ -403,6 +404,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, default=CACHE, help="where outputs are cached")
     parser.add_argument("--draws", type=int, default=DRAWS)
     args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
 
     cfg, plain_cfg = load_config(args.config), load_config(args.plain)
     model = Path(args.model).resolve()
@@ -418,13 +420,15 @@ def main(argv: list[str] | None = None) -> None:
         policy = Side("policy", folder, digest, cfg.prompt_style(), merged_from)
         base = Path(cfg.model).resolve() if not Path(cfg.model).is_absolute() else Path(cfg.model)
         plain = Side("plain", base, model_digest(base), plain_cfg.prompt_style())
-        items = {t.name: prompts(policy, t, cfg)[0] for t in targets}
-        texts = {side.name: answer(side, targets, cfg, dtype, args.cache) for side in (plain, policy)}
+        read = {t.name: read_items(t) for t in targets}
+        items, problems = {k: v[0] for k, v in read.items()}, {k: v[1] for k, v in read.items()}
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model)  # the policy's too: it is the base with an adapter
+        texts = {side.name: answer(side, targets, problems, tokenizer, cfg, dtype, args.cache)
+                 for side in (plain, policy)}
         shutil.rmtree(Path(work) / "merged", ignore_errors=True)
 
     table = board(targets, items, texts["policy"], texts["plain"], args.draws)
     names = example_names(cfg.prompt_style()["system_prompt"])
-    problems = {t.name: [i["problem"] if isinstance(i, dict) else i.problem for i in items[t.name]] for t in targets}
     copied = {t.name: sum(copies_example(o, p, names) for o, p in zip(texts["policy"][t.name], problems[t.name]))
               for t in targets}
     stopped = {t.name: sum(map(ends_after_think, texts["policy"][t.name])) for t in targets}

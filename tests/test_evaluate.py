@@ -95,7 +95,7 @@ def test_plot_rejects_a_missing_file(tmp_path):
         plot.plot(tmp_path, tmp_path / "x.png")
 
 
-# ---------------------------------------------------------------------------- a LoRA checkpoint (issue 37, item 2)
+# ---------------------------------------------------------------------------- a LoRA checkpoint
 
 
 def lora_checkpoint(tmp_path: Path, dtype: str = "bfloat16") -> tuple[Path, Path]:
