@@ -68,6 +68,9 @@ class Config:
     on_long_prompt: str = _key("drop", "drop (remove and report their ids) or error")
     system_prompt: str = _key("", "system prompt; empty = data.SYSTEM_PROMPT (CANOE's, docs/DESIGN.md)")
     response_prefix: str = _key("", "text that opens every answer, e.g. \"<think>\" (R1-Zero's prompt end)")
+    example_problem: str = _key("", "a worked example's user turn (its own passage and question), shown before "
+                                "every prompt with example_response as the assistant's reply; empty: none")
+    example_response: str = _key("", "the worked example's reply (set both or neither)")
     # --- rollout
     num_generations: int = _key(7, "G, samples per prompt in stage 1 (the group of the advantage)")
     max_completion_tokens: int = _key(1024, "max new tokens per completion, stage 1 and stage 2")
@@ -168,9 +171,13 @@ class Config:
         """The probe check's tolerance (weight_sync.check_sync): `sync_tolerance`, or by the dtype when it is 0."""
         return self.sync_tolerance or SYNC_TOLERANCE[dtype]
 
-    def prompt_style(self) -> dict[str, str]:
-        """How every prompt is rendered (data.render_prompt's keywords), in training and evaluation alike."""
-        return {"system_prompt": self.system_prompt or SYSTEM_PROMPT, "response_prefix": self.response_prefix}
+    def prompt_style(self) -> dict:
+        """How every prompt is rendered (data.render_prompt's keywords), in training and evaluation alike. The
+        example turn is named only when set, so a prompt without one keeps the keys it always had."""
+        style = {"system_prompt": self.system_prompt or SYSTEM_PROMPT, "response_prefix": self.response_prefix}
+        if self.example_problem:
+            style["example"] = (self.example_problem, self.example_response)
+        return style
 
 
 # The probe check's tolerance by dtype, in nats (max |Δ log-probability| of the probe completion between vLLM and
@@ -276,6 +283,8 @@ def _validate(path: Path, cfg: Config) -> None:
         raise bad("warmup_ratio", "must lie in [0, 1)")
     if not 0 < cfg.top_p <= 1:
         raise bad("top_p", "must lie in (0, 1]")
+    if bool(cfg.example_problem) != bool(cfg.example_response):
+        raise bad("example_problem", "set example_problem and example_response together, or neither")
     unknown = [name for name in cfg.rewards if name not in REWARD_FUNCS]
     if unknown or not cfg.rewards:
         raise bad("rewards", f"unknown {unknown}; known: {sorted(REWARD_FUNCS)} (a new reward is registered in rewards.py)")

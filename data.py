@@ -338,19 +338,31 @@ SYSTEM_PROMPT = (
 OVERFLOW_RULES = ("drop", "error")
 
 
-def build_messages(problem: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict]:
-    """The chat for one prompt: the system prompt, then the problem as the user message."""
-    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": problem}]
+def build_messages(problem: str, system_prompt: str = SYSTEM_PROMPT, example: Sequence[str] = ()) -> list[dict]:
+    """The chat for one prompt: the system prompt, the worked example's two turns when `example` is a (problem,
+    response) pair, then the problem as the user message.
+
+    An example given as an earlier exchange about its own passage is a question already answered, not text to
+    repeat: in the system prompt, its answer was given where a passage did not settle the question.
+    """
+    chat = [{"role": "system", "content": system_prompt}]
+    if example:
+        example_problem, example_response = example
+        chat += [{"role": "user", "content": example_problem}, {"role": "assistant", "content": example_response}]
+    return chat + [{"role": "user", "content": problem}]
 
 
-def render_prompt(tokenizer: Any, problem: str, system_prompt: str = SYSTEM_PROMPT, response_prefix: str = "") -> str:
+def render_prompt(
+    tokenizer: Any, problem: str, system_prompt: str = SYSTEM_PROMPT, response_prefix: str = "",
+    example: Sequence[str] = (),
+) -> str:
     """The prompt text the model sees: the chat template applied, ending with the assistant's turn opener.
 
     `response_prefix` is written after the opener as the first words of the answer (understand-r1-zero's R1-Zero
     prompt ends with `<think>`); the trainer counts it as part of the completion the rewards see, never as trained
-    tokens.
+    tokens. `example` is build_messages'.
     """
-    chat = build_messages(problem, system_prompt)
+    chat = build_messages(problem, system_prompt, example)
     return tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) + response_prefix
 
 
@@ -401,7 +413,7 @@ class PromptOverflowWarning(UserWarning):
 
 def prepare_prompts(
     tokenizer: Any, rows: Sequence[dict], max_prompt_tokens: int, on_overflow: str = "drop",
-    system_prompt: str = SYSTEM_PROMPT, response_prefix: str = "",
+    system_prompt: str = SYSTEM_PROMPT, response_prefix: str = "", example: Sequence[str] = (),
 ) -> tuple[list[dict], PromptReport]:
     """Render and tokenize every row's prompt; keep those within `max_prompt_tokens`.
 
@@ -417,7 +429,7 @@ def prepare_prompts(
         raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
     if not rows:
         raise DataError("no rows to prepare")
-    texts = [render_prompt(tokenizer, row["problem"], system_prompt, response_prefix) for row in rows]
+    texts = [render_prompt(tokenizer, row["problem"], system_prompt, response_prefix, example) for row in rows]
     # The chat template already writes every special token (BOS included where the model has one); letting the
     # tokenizer add its own would double them and make the count wrong.
     all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]

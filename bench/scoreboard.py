@@ -288,12 +288,14 @@ def per_item_hits(target: Target, items: list, outputs: list[str]) -> dict[str, 
     return {name: np.array([float(row[name]) for row in rows]) for name in names}
 
 
-def example_names(system_prompt: str) -> list[str]:
-    """The names of the system prompt's worked example that an answer could copy: the content of its last
-    `<answer>` (the example's; a description of the format may name the tags before it) and the multi-word
-    capitalised names of its last `<long_answer>` ("Osric Hallam", "Varnel Bridge" in config.toml)."""
-    answers = re.findall(r"<answer>(.*?)</answer>", system_prompt, re.S)
-    long_answers = re.findall(r"<long_answer>(.*?)</long_answer>", system_prompt, re.S)
+def example_names(style: dict) -> list[str]:
+    """The names of the prompt's worked example that an answer could copy, from the example turn's response where
+    there is one, else from the system prompt: the content of its last `<answer>` (the example's; a description of
+    the format may name the tags before it) and the multi-word capitalised names of its last `<long_answer>`
+    ("Osric Hallam", "Varnel Bridge" in config.toml)."""
+    text = style["example"][1] if style.get("example") else style["system_prompt"]
+    answers = re.findall(r"<answer>(.*?)</answer>", text, re.S)
+    long_answers = re.findall(r"<long_answer>(.*?)</long_answer>", text, re.S)
     found = [answers[-1].strip()] if answers and answers[-1].strip() else []
     if long_answers:
         found += re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)+", long_answers[-1])
@@ -428,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(Path(work) / "merged", ignore_errors=True)
 
     table = board(targets, items, texts["policy"], texts["plain"], args.draws)
-    names = example_names(cfg.prompt_style()["system_prompt"])
+    names = example_names(cfg.prompt_style())
     copied = {t.name: sum(copies_example(o, p, names) for o, p in zip(texts["policy"][t.name], problems[t.name]))
               for t in targets}
     stopped = {t.name: sum(map(ends_after_think, texts["policy"][t.name])) for t in targets}

@@ -98,9 +98,12 @@ def test_digests_follow_the_bytes(tmp_path):
 
 
 def test_the_defaults_example_and_the_failure_modes_are_recognised():
-    prompt = sb.load_config(ROOT / "config.toml").prompt_style()["system_prompt"]
-    names = sb.example_names(prompt)
+    names = sb.example_names(sb.load_config(ROOT / "config.toml").prompt_style())
     assert names == ["Osric Hallam", "Varnel Bridge"]
+    # an example given as an earlier exchange: its reply names what could be copied, not the system prompt
+    turn = ("<context>The Brell Tower stands in Oskar.</context>\n\nWhere is the Brell Tower?",
+            "<think>x</think>\n<long_answer>It stands in Oskar Vale.</long_answer>\n<answer>Oskar</answer>")
+    assert sb.example_names({"system_prompt": "<answer>Osric</answer>", "example": turn}) == ["Oskar", "Oskar Vale"]
     problem = "<context>The Tay Bridge was designed by Thomas Bouch.</context>\n\nWho designed the Tay Bridge?"
     assert sb.copies_example("<think>x</think><answer>Osric Hallam</answer>", problem, names)
     assert not sb.copies_example("<think>x</think><answer>Thomas Bouch</answer>", problem, names)
@@ -109,7 +112,7 @@ def test_the_defaults_example_and_the_failure_modes_are_recognised():
     assert sb.ends_after_think("<think>Bouch.</think>  \n")
     assert not sb.ends_after_think("<think>Bouch.</think><answer>Thomas Bouch</answer>")
     assert not sb.ends_after_think("Thomas Bouch")
-    assert sb.example_names("You are a helpful assistant.") == []
+    assert sb.example_names({"system_prompt": "You are a helpful assistant."}) == []
 
 
 def lora_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
