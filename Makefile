@@ -30,7 +30,7 @@ models: $(VENV)/.setup-done
 	$(PY) scripts/prepare_models.py
 
 data: setup
-	test -f data/synth/train.jsonl || $(PY) synth.py --out data/synth
+	test -f data/synth/train.jsonl || $(PY) -m synthetic.synth --out data/synth
 
 train: setup data
 	$(VENV)/bin/deepspeed canoe.py --config config.toml

@@ -4,8 +4,9 @@
     deepspeed canoe.py --config config.toml --resume     # continue from the run's latest checkpoint
     deepspeed canoe.py --config config.toml --verbose    # vLLM's log on the terminal too (always in OUTPUT_DIR/vllm.log)
     python canoe.py --config config.toml --eval [--model DIR] [--eval-file F]   # greedy faithfulness evaluation
-    python canoe.py --eval --suite confiqa --eval-file F [--predictions P]      # a paper benchmark (evaluate.py)
+    python canoe.py --eval --suite confiqa --eval-file F [--predictions P]      # a paper benchmark
     python canoe.py --describe-config                    # every config key with its meaning and default
+    python canoe.py --config config.toml --plan-memory   # the memory plan per GPU (training/cli.py)
 
 One training step (CANOE, arXiv 2505.16483; docs/DESIGN.md, "The step, in one picture"):
 
@@ -16,27 +17,19 @@ One training step (CANOE, arXiv 2505.16483; docs/DESIGN.md, "The step, in one pi
       ─ micro-batches of `prompts_per_device` prompts: clipped surrogate − β·KL on stage-1 tokens only, backward
       ─ DeepSpeed step (ZeRO-2/3) ─ push weights into vLLM and verify ─ log ─ checkpoint
 
-Deliberate differences from the original CANOE code (a modified TRL GRPOTrainer) that live in this file:
-- every weight push is verified against the trainer's log-probabilities (the original trusted the sync);
-- sampling is seeded per step and rank, so `--resume` reproduces the uninterrupted run;
-- `system_prompt` and `response_prefix` can be set in the config (the original hard-coded its system prompt);
-- a micro-batch is scored with each prompt once (packing.py), not once per completion;
-- vLLM shares each GPU with the trainer and is created after it, with a share from memory_plan.py (the original
-  gave vLLM a GPU of its own); on CUDA it sleeps at level 2 from the end of sampling until the push;
-- optional, all off by default: μ updates per rollout, truncated importance sampling against vLLM's
-  log-probabilities, the Dr. GRPO / DAPO / GSPO loss options of grpo_loss.py, and LoRA (`lora_rank > 0`,
-  lora.py: adapters trained, π_ref = the base with the adapters disabled, vLLM gets merged weights or the adapter).
-Stage-2 completions are scored only, never trained on (docs/DESIGN.md, "Rollout").
+The deliberate differences from the original CANOE code (a modified TRL GRPOTrainer) are listed, with their
+reasons, in docs/differences.md; each place where this file differs names its entry there. Stage-2 completions are
+scored only, never trained on (docs/DESIGN.md, "Rollout").
 
-Timing, metrics and logging live in metrics.py, the set-up checks in preflight.py, the DeepSpeed config and the
-learning-rate schedule in optimizer.py; this file holds what a step does.
+The command line is training/cli.py; timing, metrics and logging live in training/metrics.py, the set-up checks in
+training/preflight.py, the DeepSpeed config and the learning-rate schedule in training/optimizer.py, the weight
+push in plumbing/ (weight_sync.py, and lora.py for a LoRA policy); this file holds what a step does.
 """
 
 from __future__ import annotations
 
-import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
+from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
-import argparse
 import dataclasses
 import math
 import os
@@ -53,23 +46,18 @@ import torch.distributed as dist
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import checkpoint
 import data
-import evaluate
-import lora
-import memory_plan
-import packing
-import preflight
 import rollout
-import weight_sync
-import suites
-from config import Config, ConfigError, describe_config, load_config
-from optimizer import deepspeed_config, lr_lambda
-from grader import MathGrader
+from config import Config, ConfigError
 from grpo_loss import decoupled_advantages, group_advantages, grpo_loss, trained_sequences, zero_variance_groups
-from metrics import RunLog, Step, step_metrics, timed, truncate_log, write_run_info
 from rewards import REWARD_FUNCS, REWARD_ISSUES
-from runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs
+
+from grading.grader import MathGrader
+from plumbing import checkpoint, lora, weight_sync
+from plumbing.runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs
+from training import cli, packing, preflight
+from training.metrics import RunLog, Step, step_metrics, timed, truncate_log, write_run_info
+from training.optimizer import deepspeed_config, lr_lambda
 
 
 # ==============================================================================================================
@@ -102,8 +90,8 @@ class Run:
     times: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per phase of the current step
     last_step: Any = None  # the latest Step, for samples.jsonl
     checksum: torch.dtype | None = None  # the engine's dtype where pushes are also checked by weight sums
-    adapter: Any = None  # weight_sync.AdapterPush where vLLM applies the LoRA adapter itself (cfg.pushes_adapter)
-    merged_push: Any = None  # weight_sync.MergedPush where vLLM gets a LoRA policy merged
+    adapter: Any = None  # lora.AdapterPush where vLLM applies the LoRA adapter itself (cfg.pushes_adapter)
+    merged_push: Any = None  # lora.MergedPush where vLLM gets a LoRA policy merged
 
     @property
     def reward_weights(self) -> torch.Tensor:
@@ -179,8 +167,8 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     probe = weight_sync.make_probe(tokenizer, rows[0]["prompt_ids"])
     run = Run(cfg, rank, world_size, device, tokenizer, engine, reference, llm, rows, sampler, grader, total_steps,
               probe, sleep, out, checksum=None if dtype == torch.float32 else dtype,
-              adapter=weight_sync.AdapterPush(out / "vllm-adapter" / f"rank-{rank}") if adapter else None,
-              merged_push=weight_sync.MergedPush(cfg.lora_merge_rounding) if cfg.lora_rank and not adapter else None)
+              adapter=lora.AdapterPush(out / "vllm-adapter" / f"rank-{rank}") if adapter else None,
+              merged_push=lora.MergedPush(cfg.lora_merge_rounding) if cfg.lora_rank and not adapter else None)
     if resume:
         restore(run)
     return run
@@ -211,7 +199,10 @@ def restore(run: Run) -> None:
         for name in ("metrics.jsonl", "samples.jsonl"):
             truncate_log(run.out / name, run.step)
     # vLLM started from the original weights: give it the restored ones.
-    weight_sync.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter)
+    if run.cfg.lora_rank:
+        lora.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter)
+    else:
+        weight_sync.push(run.llm, run.engine.module, run.cfg.zero_stage)
     print0(f"resumed from {path} at step {run.step}")
 
 
@@ -479,7 +470,7 @@ def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
     weight_sync.WeightSyncError when they disagree. Returns (push seconds, max |difference|, more sync/ metrics).
     Outside float32 the probe's tolerance must leave room for two sets of bf16 kernels, so the weights' sums are
     compared too (weight_sync.check_weight_sums: exact, blind to the kernels), and a merged LoRA push logs how much
-    of the adapters' update reaches vLLM (weight_sync.MergedPush).
+    of the adapters' update reaches vLLM (lora.MergedPush).
 
     With sleep mode the engine arrives asleep (step 1 put it to sleep): its weights are woken first, because a
     push into a sleeping engine faults on unmapped memory (or, at level 1, is undone by the host copy put back at
@@ -487,9 +478,12 @@ def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
     """
     weight_sync.wake_weights(run.llm, run.sleep)
     sums = weight_sync.WeightSums()
-    push_seconds = weight_sync.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter,
-                                    base=run.sleep, merged_push=run.merged_push, sums=sums if run.checksum else None,
-                                    dtype=run.checksum)
+    summing = {"sums": sums if run.checksum else None, "dtype": run.checksum}
+    if run.cfg.lora_rank:  # the merged adapted projections, or the adapter (and W after a sleep discarded it)
+        push_seconds = lora.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter, base=run.sleep,
+                                 merged_push=run.merged_push, **summing)
+    else:
+        push_seconds = weight_sync.push(run.llm, run.engine.module, run.cfg.zero_stage, **summing)
     if run.adapter:  # part of time/weight_push: the adapter's folder written and read back
         run.times["adapter_push"] = run.adapter.seconds
     more = run.merged_push.metrics() if run.merged_push else {}  # outside float32: how much of the update arrives
@@ -555,45 +549,8 @@ def out_of_time(deadline: float) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="CANOE Dual-GRPO trainer", formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--config", default="config.toml", help="TOML config (see --describe-config)")
-    parser.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoints/latest")
-    parser.add_argument("--eval", action="store_true", help="evaluate instead of training (see evaluate.py)")
-    parser.add_argument("--model", help="with --eval: the model folder to evaluate (default: config's model)")
-    parser.add_argument("--eval-file", help="with --eval: the data (default: config's eval_file), or the suite's file")
-    parser.add_argument("--limit", type=int, default=0, help="with --eval: only the first N items")
-    parser.add_argument("--suite", choices=suites.SUITES, help="with --eval: a paper benchmark (suites.py)")
-    parser.add_argument("--predictions", help="with --eval --suite: score these outputs; no model is loaded")
-    parser.add_argument("--sample", action="store_true", help="with --eval: the model's own sampling settings, seeded")
-    parser.add_argument("--indent-system-prompt", action=argparse.BooleanOptionalAction,
-                        help="with --eval: the official evaluation's indented system prompt (default: on with --suite)")
-    parser.add_argument("--verbose", action="store_true", help="training: vLLM's log on the terminal too (always in vllm.log)")
-    parser.add_argument("--describe-config", action="store_true", help="print every config key and exit")
-    parser.add_argument("--plan-memory", action="store_true",
-                        help="print the config's memory plan per GPU (memory_plan.py) and exit; needs no GPU")
-    parser.add_argument("--gpu-gib", type=float, default=80.0, help="with --plan-memory: memory of one GPU, GiB")
-    parser.add_argument("--world-size", type=int, default=8, help="with --plan-memory: number of GPUs (ranks)")
-    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # added by the launcher
-    args = parser.parse_args(argv)
-    if not args.eval and (args.suite or args.predictions or args.sample):
-        parser.error("--suite, --predictions and --sample belong to --eval")
-    if args.describe_config:
-        print(describe_config())
-        return
-    try:
-        cfg = load_config(args.config)
-        if args.plan_memory:
-            plan = memory_plan.plan_memory(cfg, memory_plan.architecture(cfg.model), world_size=args.world_size,
-                                           total_bytes=args.gpu_gib * memory_plan.GIB, sleep=cfg.vllm_sleep)
-            print(f"{args.config} on {args.world_size} GPUs of {args.gpu_gib:g} GiB:\n{plan.table()}")
-        elif args.eval:
-            evaluate.main(cfg, model=args.model, eval_file=args.eval_file, limit=args.limit, suite=args.suite,
-                          predictions=args.predictions, sample=args.sample,
-                          indent_system_prompt=args.indent_system_prompt)
-        else:
-            train(cfg, resume=args.resume, verbose=args.verbose)
-    except (ConfigError, data.DataError, memory_plan.ArchitectureError) as error:  # the user's input, not a bug
-        raise SystemExit(f"error: {error}") from None
+    """`python canoe.py ...`: training, or the commands that share its config (training/cli.py)."""
+    cli.main(argv, train)
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ class Config:
                           "float32, merged elsewhere: config.Config.pushes_adapter)")
     lora_merge_rounding: str = _key("nearest", "a merged LoRA push outside float32: nearest (each push the closest "
                                     "bfloat16 to W + s·B·A) or feedback (what one push's rounding left out is added "
-                                    "to the next, so the update arrives on average; weight_sync.MergedPush)")
+                                    "to the next, so the update arrives on average; lora.MergedPush)")
     offload_optimizer: bool = _key(False, "keep optimizer state in CPU memory (DeepSpeed CPU Adam)")
     # --- loss (grpo_loss.py; every default is the original CANOE run's)
     beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
@@ -154,14 +154,14 @@ class Config:
                 "target_modules": list(self.lora_target_modules), "gradient_checkpointing": self.gradient_checkpointing}
 
     def pushes_adapter(self, dtype, *, cuda: bool) -> bool:
-        """Whether vLLM gets the LoRA adapter itself (weight_sync.AdapterPush) rather than merged weights.
+        """Whether vLLM gets the LoRA adapter itself (lora.AdapterPush) rather than merged weights.
 
         `lora_push`, where "auto" means on a GPU outside float32: in bfloat16 a merged update below half a step of W
         is lost. On the CPU vLLM applies an adapter with its reference torch kernels, which gather a copy of the
         adapter's matrices for every token (vllm/lora/ops/torch_ops/lora_ops.py, `bgmv_expand`: `lora_b_weights[
         lora_indices_tensor]`), and sampling with it took 1.6-1.9x as long as with merged weights, far more than a
         merged push costs (bench/RESULTS.md, "The adapter push on the CPU"): there "auto" merges, and
-        `sync/lora_delta_*` say how much of the update arrives (`lora_merge_rounding`, weight_sync.MergedPush).
+        `sync/lora_delta_*` say how much of the update arrives (`lora_merge_rounding`, lora.MergedPush).
         """
         if not self.lora_rank:
             return False

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tags import answer_span  # noqa: F401  (re-exported: the evaluation reads answers as data.answer_span)
+from grading.tags import answer_span  # noqa: F401  (re-exported: the evaluation reads answers as data.answer_span)
 
 # --------------------------------------------------------------------------------------------------------------
 # 1. Loading

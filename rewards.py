@@ -44,9 +44,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Callable
 
-from grader import MathGrader, default_grader
-from r1_grader import last_boxed, r1_grade
-from tags import answer_span, tag_content
+from grading.grader import MathGrader, default_grader
+from grading.r1_grader import last_boxed, r1_grade
+from grading.tags import answer_span, tag_content
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ space and dot of the long answer in the new context; `substitute_context` insert
 
 from __future__ import annotations
 
-import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
+from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
 import hashlib
 import os
@@ -32,8 +32,8 @@ import torch
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
-import weight_sync
-from tags import tag_content
+from plumbing import lora, weight_sync
+from grading.tags import tag_content
 
 CONTEXT_BLOCK = re.compile(r"<context>.*?</context>", re.DOTALL)
 
@@ -148,7 +148,7 @@ def make_engine(
     it): without it vLLM's CPU worker takes gpu_memory_utilization × the host's memory (measured: 10.7 of 23.5 GiB
     for a 0.5B model), and refuses to start when that much is not free.
 
-    `lora_rank > 0` turns on vLLM's LoRA support for one adapter at a time (weight_sync.AdapterPush), with the smallest
+    `lora_rank > 0` turns on vLLM's LoRA support for one adapter at a time (lora.AdapterPush), with the smallest
     `max_lora_rank` vLLM allows that holds the rank (vllm/config/lora.py line 26, `MaxLoRARanks`).
 
     `trainer_seed` (the trainer's per-rank seed) seeds torch again once the engine has started: vLLM's worker
@@ -192,7 +192,7 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
     The draw is a function of `seed` alone (`seeds_per_request`). On CUDA each prompt's request carries its own
     seed (`prompt_seed`). On the CPU vLLM samples in this process with this process's torch generator: seeding
     it right before the call does it (the trainer's own RNG stream is saved and restored around it).
-    `lora_request` names the adapter the engine applies (weight_sync.AdapterPush), None for plain weights.
+    `lora_request` names the adapter the engine applies (lora.AdapterPush), None for plain weights.
     """
     settings = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
     if seeds_per_request():
@@ -203,7 +203,7 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False,
-                               **weight_sync.request_kwargs(lora_request))
+                               **lora.request_kwargs(lora_request))
     completions = []
     for output in outputs:
         # vLLM may return the n samples of a request in any order; sort by index for a reproducible layout.

@@ -53,7 +53,7 @@ CONFIGS = [  # (name, settings); "packed": False is the plain F.linear path (wei
 def copy_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     """Bytes moved per second (read + write) by a large contiguous tensor copy."""
     # torch is imported here, not at the top: the parent process needs nothing else of it, each worker its own
-    import runtime  # noqa: F401  (thread count as in training)
+    from plumbing import runtime  # noqa: F401  (thread count as in training)
     import torch
 
     source = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
@@ -72,14 +72,14 @@ def worker(model: str, settings: dict, tokens: int) -> dict:
     import os  # imports here: the KV cache size must be in the environment before vLLM is imported
 
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("kv_gib", 1))
-    import runtime  # noqa: F401
+    from plumbing import runtime  # noqa: F401
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     import data
-    import weight_sync
+    from plumbing import weight_sync
 
     weight_sync.keep_cpu_linear_weights(packed=settings.get("packed", True))
     tokenizer = AutoTokenizer.from_pretrained(model)

@@ -22,11 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import runtime  # noqa: E402, F401  (sets OMP_NUM_THREADS as training does, before torch starts its pool)
+from plumbing import runtime  # noqa: E402, F401  (sets OMP_NUM_THREADS as training does, before torch starts its pool)
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-import packing  # noqa: E402
+from training import packing  # noqa: E402
 from grpo_loss import token_logprobs  # noqa: E402
 
 PROMPT_TOKENS = 210

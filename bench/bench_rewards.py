@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from math_verify import parse, verify  # noqa: E402
 
-from grader import MathGrader  # noqa: E402
+from grading.grader import MathGrader  # noqa: E402
 from rewards import accuracy_reward  # noqa: E402
 
 DEADLINE_S = 1.0

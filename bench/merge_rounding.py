@@ -1,5 +1,5 @@
 """How much of a LoRA update a bfloat16 merged push delivers: nearest rounding, stochastic rounding and error
-feedback (weight_sync.MergedPush, what the trainer uses) on one realistic projection.
+feedback (lora.MergedPush, what the trainer uses) on one realistic projection.
 
     .venv/bin/python bench/merge_rounding.py [--size 896] [--rank 16]
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-import weight_sync  # noqa: E402
+from plumbing import lora  # noqa: E402
 
 
 def realistic_layer(size: int = 512, rank: int = 16):
@@ -56,11 +56,11 @@ def delivered_by(layer, rule: str, state: dict) -> torch.Tensor:
     """d = pushed − W for one push of the layer's current adapter under `rule`."""
     weight = layer.get_base_layer().weight
     if rule == "nearest":
-        pushed = weight_sync.merged_weights(layer)["weight"]
+        pushed = lora.merged_weights(layer)["weight"]
     elif rule == "stochastic":
-        pushed = stochastic_round(weight.float() + weight_sync.exact_delta(layer), state["generator"])
+        pushed = stochastic_round(weight.float() + lora.exact_delta(layer), state["generator"])
     else:
-        pushed = weight_sync.merged_weights(layer, state["feedback"], "w")["weight"]
+        pushed = lora.merged_weights(layer, state["feedback"], "w")["weight"]
     return pushed.float() - weight.float()
 
 
@@ -68,7 +68,7 @@ RULES = ("nearest", "stochastic", "feedback")
 
 
 def fresh_state() -> dict:
-    return {"generator": torch.Generator().manual_seed(0), "feedback": weight_sync.MergedPush()}
+    return {"generator": torch.Generator().manual_seed(0), "feedback": lora.MergedPush()}
 
 
 def main() -> None:
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     args = parser.parse_args()
     layer = realistic_layer(args.size, args.rank)
-    delta = weight_sync.exact_delta(layer)
+    delta = lora.exact_delta(layer)
     step = layer.get_base_layer().weight.float().abs().mean() * 2.0**-7
     print(f"layer {args.size}x{args.size}, rank {args.rank}: mean |Δ| {float(delta.abs().mean()):.2e}, "
           f"mean bfloat16 step of W {float(step):.2e}")
@@ -98,7 +98,7 @@ def main() -> None:
         for t in range(1, 25):
             with torch.no_grad():
                 layer.lora_B["default"].weight.copy_(first_b * t)
-            last, want = delivered_by(layer, rule, state), weight_sync.exact_delta(layer)
+            last, want = delivered_by(layer, rule, state), lora.exact_delta(layer)
             total, intended = total + last, intended + want
         print(f"{rule:<12} summed {relative_error(total, intended):.3f}   last push {relative_error(last, want):.3f}")
     with torch.no_grad():

@@ -21,14 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
+from plumbing import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
 
 from transformers import AutoTokenizer  # noqa: E402
 
 import data  # noqa: E402
 import rollout  # noqa: E402
 from config import load_config  # noqa: E402
-from grader import MathGrader  # noqa: E402
+from grading.grader import MathGrader  # noqa: E402
 from rewards import accuracy_reward, format_reward  # noqa: E402
 
 

@@ -19,14 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
+from plumbing import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import data  # noqa: E402
-import packing  # noqa: E402
+from training import packing  # noqa: E402
 import rollout  # noqa: E402
-import weight_sync  # noqa: E402
+from plumbing import weight_sync  # noqa: E402
 
 
 def main(model_dir: str, dtype: str) -> None:

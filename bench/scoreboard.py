@@ -45,11 +45,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
+from plumbing import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
 
 import data  # noqa: E402
-import evaluate  # noqa: E402
-import suites  # noqa: E402
+from evaluation import evaluate  # noqa: E402
+from evaluation import suites  # noqa: E402
 from config import load_config  # noqa: E402
 
 DRAWS = 10_000  # bootstrap resamples: the interval's ends move by well under a point between seeds

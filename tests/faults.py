@@ -22,9 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import canoe  # noqa: E402
-import checkpoint  # noqa: E402
-import runtime  # noqa: E402
-import weight_sync  # noqa: E402
+from plumbing import checkpoint  # noqa: E402
+from plumbing import runtime  # noqa: E402
+from plumbing import weight_sync  # noqa: E402
 
 CRASH = 17  # the exit code of a simulated crash
 

@@ -1,16 +1,16 @@
 """A LoRA policy's push into vLLM's packed CPU engine, run in a process of its own (vLLM runs in-process here).
 
     python tests/lora_push.py MODEL_DIR            # the merged push
-    python tests/lora_push.py MODEL_DIR adapter    # the adapter push (weight_sync.AdapterPush)
+    python tests/lora_push.py MODEL_DIR adapter    # the adapter push (lora.AdapterPush)
 
 Creates the engine as training does (`rollout.make_engine`, packed kernels), wraps a copy of the model with LoRA
 adapters (lora.py) and perturbs them (B random, so the adapters change the output), then pushes twice and runs
 the probe check of training (`weight_sync.check_sync`) against the adapted model's log-probabilities after each:
 first the weights without the merge (the base weights under their own names: the adapters left out, as a push
-that skips the merge would do), then `weight_sync.policy_weights` (W + s·B·A). Prints one JSON line.
+that skips the merge would do), then `lora.policy_weights` (W + s·B·A). Prints one JSON line.
 
 With `adapter` the engine gets vLLM's LoRA support (`make_engine(lora_rank=...)`, as with `lora_push = "adapter"`)
-and the adapter is pushed twice, with new values of B each time, through `weight_sync.AdapterPush`; after each push the
+and the adapter is pushed twice, with new values of B each time, through `lora.AdapterPush`; after each push the
 probe is run with and without the adapter's request: with it, vLLM must compute the adapted model; without it,
 the base. This is vLLM's LoRA path on the CPU for real (the GPU path is held by tests/test_push_check.py's
 stand-in only).
@@ -29,13 +29,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # a fixed KV cache, as tra
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
+from plumbing import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-import lora  # noqa: E402
+from plumbing import lora  # noqa: E402
 import rollout  # noqa: E402
-import weight_sync  # noqa: E402
+from plumbing import weight_sync  # noqa: E402
 from config import LORA_TARGETS  # noqa: E402
 from packed_push import check, trainer_logprobs  # noqa: E402
 
@@ -62,11 +62,11 @@ def main(model_dir: str, mode: str) -> None:
     prompt, completion = [(7 * i + 3) % vocab for i in range(24)], [(11 * i + 5) % vocab for i in range(16)]
     if mode == "adapter":
         pushes = []
-        push = weight_sync.AdapterPush(tempfile.mkdtemp())
+        push = lora.AdapterPush(tempfile.mkdtemp())
         for _ in range(2):
             perturb(model, generator)
             expected = trainer_logprobs(model, prompt, completion)
-            weight_sync.push(llm, model, zero_stage=2, adapter=push)
+            lora.push(llm, model, zero_stage=2, adapter=push)
             with_adapter = weight_sync.vllm_token_logprobs(llm, prompt, completion, push.request)
             without = weight_sync.vllm_token_logprobs(llm, prompt, completion)
             pushes.append({"gap": float((with_adapter - expected).abs().max()),
@@ -80,7 +80,7 @@ def main(model_dir: str, mode: str) -> None:
                 if "lora_" not in name]
     weight_sync.push_weights(llm, iter(unmerged))
     without = check(llm, prompt, completion, expected)
-    weight_sync.push_weights(llm, weight_sync.policy_weights(model, zero_stage=2))
+    weight_sync.push_weights(llm, lora.policy_weights(model, zero_stage=2))
     merged = check(llm, prompt, completion, expected)
     print("RESULT " + json.dumps({"unmerged": without, "merged": merged, "packed": weight_sync.cpu_kernels_are_packed()}),
           flush=True)

@@ -22,12 +22,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
+from plumbing import runtime  # noqa: E402,I001  (first: thread count and vLLM's in-process mode)
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import rollout  # noqa: E402
-import weight_sync  # noqa: E402
+from plumbing import weight_sync  # noqa: E402
 
 TOLERANCE = 1e-3  # config.SYNC_TOLERANCE in float32
 

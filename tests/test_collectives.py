@@ -142,7 +142,7 @@ def check_step_metrics(metrics: dict) -> None:
 
 def make_step(rank: int):
     """Rank 0's or rank 1's step and run, as metrics.step_metrics reads them."""
-    from metrics import Step
+    from training.metrics import Step
 
     def loss_metrics(tokens, kl_sum, clipped, ratio_sum, ratio_min, ratio_max, capped):
         values = dict(tokens=tokens, kl_sum=kl_sum, clipped_tokens=clipped, ratio_sum=ratio_sum, ratio_min=ratio_min,
@@ -180,7 +180,7 @@ def register_accelerator() -> None:
 
 
 def scenario_devices() -> dict:
-    import runtime
+    from plumbing import runtime
 
     register_accelerator()
     devices, refusal = {}, None
@@ -199,8 +199,8 @@ def scenario_devices() -> dict:
 
 def scenario_accelerator() -> dict:
     import canoe
-    import runtime
-    from metrics import step_metrics
+    from plumbing import runtime
+    from training.metrics import step_metrics
 
     register_accelerator()
     init_group(f"{ACCEL}:gloo")
@@ -236,7 +236,7 @@ def scenario_accelerator() -> dict:
 
 
 def scenario_counts() -> dict:
-    from metrics import step_metrics
+    from training.metrics import step_metrics
 
     init_group("gloo")
     step, run = make_step(dist.get_rank())
@@ -318,7 +318,7 @@ if __name__ == "__main__":
 def test_the_cores_are_shared_by_the_ranks_the_deepspeed_launcher_starts(monkeypatch):
     """DeepSpeed's launcher sets LOCAL_SIZE, never torchrun's LOCAL_WORLD_SIZE (deepspeed/launcher/launch.py line
     182): read either, so that two ranks on a 2-core node get one thread each, not two."""
-    import runtime
+    from plumbing import runtime
 
     for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
         monkeypatch.delenv(name, raising=False)

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import canoe
-import optimizer
-import preflight
+from training import optimizer
+from training import preflight
 from config import Config, ConfigError, describe_config, load_config
 from test_sleep_order import process_group, tiny_model  # noqa: F401
 
@@ -330,7 +330,7 @@ def test_the_process_group_timeout_is_the_configs(monkeypatch, tmp_path):
     policy/ written by rank 0 on slow storage keeps the other ranks in a barrier longer than that."""
     import datetime
 
-    import runtime
+    from plumbing import runtime
     from deepspeed import constants
 
     assert constants.default_pg_timeout == datetime.timedelta(minutes=int(os.environ.get("DEEPSPEED_TIMEOUT", 10)))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import runtime
+from plumbing import runtime
 
 # A line in vLLM's format: "(MainProcess pid=8954) INFO 11-25 22:02:37 [model.py:733] ..." (vllm/logger.py lines
 # 28-33), at any level below ERROR.
@@ -136,6 +136,6 @@ def test_verbose_is_a_flag_of_the_trainer(monkeypatch):
 
     seen = []
     monkeypatch.setattr(canoe, "train", lambda cfg, resume, verbose=False: seen.append(verbose))
-    canoe.main(["--config", str(Path(runtime.__file__).parent / "recipes" / "smoke.toml"), "--verbose"])
-    canoe.main(["--config", str(Path(runtime.__file__).parent / "recipes" / "smoke.toml")])
+    canoe.main(["--config", str(Path(runtime.__file__).parent.parent / "recipes" / "smoke.toml"), "--verbose"])
+    canoe.main(["--config", str(Path(runtime.__file__).parent.parent / "recipes" / "smoke.toml")])
     assert seen == [True, False]

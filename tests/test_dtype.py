@@ -11,9 +11,9 @@ import deepspeed
 import pytest
 import torch
 
-import lora
-import optimizer
-import runtime
+from plumbing import lora
+from training import optimizer
+from plumbing import runtime
 from config import Config
 from test_sleep_order import process_group, tiny_model  # noqa: F401
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import evaluate
-import plot
+from evaluation import evaluate
+from training import plot
 
 ROOT = Path(__file__).resolve().parent.parent
 

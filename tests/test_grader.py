@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-import grader
-import r1_grader
-from deadline import DeadlinePool, WorkerStartError
-from grader import MathGrader, needs_math_verify, prepare_span, reads_as_text
-from r1_grader import last_boxed, normalize_math_answer, sympy_equivalent
+from grading import grader
+from grading import r1_grader
+from grading.deadline import DeadlinePool, WorkerStartError
+from grading.grader import MathGrader, needs_math_verify, prepare_span, reads_as_text
+from grading.r1_grader import last_boxed, normalize_math_answer, sympy_equivalent
 
 DEADLINE_S = 1.0
 HANG = "10000000!"  # math-verify computes the factorial when comparing: a genuine hang (minutes)
@@ -22,7 +22,7 @@ HANG = "10000000!"  # math-verify computes the factorial when comparing: a genui
 
 @pytest.fixture(scope="module")
 def math_grader():
-    with MathGrader(workers=2, deadline_s=DEADLINE_S) as shared:
+    with MathGrader(workers=2, deadline_s=DEADLINE_S, r1=True) as shared:
         yield shared
 
 
@@ -295,12 +295,24 @@ def test_deadline_works_off_the_main_thread(math_grader):
 def test_workers_never_import_the_trainer_stack(math_grader):
     pytest.importorskip("torch")  # the trainer's process holds torch; its grading workers must not
     (outcome,) = math_grader._pool.run([("_modules", ())])
-    assert outcome.status == "ok" and {"math_verify", "grader", "r1_grader"} <= set(outcome.value)
+    assert outcome.status == "ok" and {"math_verify", "grading.grader", "grading.r1_grader"} <= set(outcome.value)
     assert not {"torch", "vllm", "deepspeed", "__mp_main__"} & set(outcome.value)
 
 
+def test_canoe_workers_leave_the_r1_grader_out():
+    """CANOE's rewards grade with `grader` alone: a grader made without r1 does not import r1_grader in its
+    workers, and refuses R1-Zero's job with a message that says how to get it."""
+    with MathGrader(workers=1, deadline_s=DEADLINE_S) as canoe_only:
+        (outcome,) = canoe_only._pool.run([("_modules", ())])
+        assert outcome.status == "ok" and "grading.grader" in outcome.value
+        assert "grading.r1_grader" not in outcome.value
+        assert canoe_only.equivalent_batch(["\\frac{1}{2}"], ["0.5"]) == [True]
+        with pytest.raises(ValueError, match="r1=True"):
+            canoe_only.r1_equivalent("2", "2", fast=True)
+
+
 def test_pool_outcomes_and_close():
-    pool = DeadlinePool("deadline", workers=1, deadline_s=0.5)  # a job module with only the test hooks: starts fast
+    pool = DeadlinePool("grading.deadline", workers=1, deadline_s=0.5)  # a job module with only the test hooks: starts fast
     ok, slow, crash = pool.run([("_sleep", (0.0, "done")), ("_sleep", (5, None)), ("_crash", (1,))])
     assert (ok.status, ok.value) == ("ok", "done")
     assert slow.status == "timeout" and 0.5 <= slow.seconds < 1.0

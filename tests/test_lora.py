@@ -15,9 +15,9 @@ import torch
 from peft import PeftModel
 
 import canoe
-import lora
-import packing
-import weight_sync
+from plumbing import lora
+from training import packing
+from plumbing import weight_sync
 from config import LORA_TARGETS, Config, ConfigError, load_config
 from grpo_loss import grpo_loss
 from test_sleep_order import SleepModeEngine, cuda_kernels, fixed_rewards, make_run, process_group, tiny_model  # noqa: F401
@@ -45,7 +45,7 @@ def test_doctests():
 def test_the_pushed_weight_is_w_plus_alpha_over_r_times_b_a():
     base = tiny_model()
     model = adapted(copy.deepcopy(base), rank=4, alpha=8.0)
-    weights = dict(weight_sync.policy_weights(model, zero_stage=2))
+    weights = dict(lora.policy_weights(model, zero_stage=2))
     # the names are the base model's (what vLLM and a model folder hold), the adapters are not among them
     assert set(weights) == {name for name, _ in base.named_parameters()}
     layer = model.base_model.model.model.layers[1].mlp.down_proj
@@ -90,7 +90,7 @@ def test_the_step_trains_only_the_adapters_pushes_the_merge_and_scores_the_refer
         step = canoe.train_step(run)
         assert step.sync_diff <= 1e-4
         pushed = dict(llm.model.named_parameters())
-        for name, tensor in weight_sync.policy_weights(run.engine.module, 2):
+        for name, tensor in lora.policy_weights(run.engine.module, 2):
             assert torch.equal(pushed[name], tensor), name
     for name, param in model.named_parameters():
         if "lora_" in name:

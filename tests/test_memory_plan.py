@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import canoe
-import memory_plan
+from plumbing import memory_plan
 from config import load_config
-from memory_plan import GIB, KNOWN_ARCHITECTURES, architecture, plan_memory
+from plumbing.memory_plan import GIB, KNOWN_ARCHITECTURES, architecture, plan_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*.toml"))

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 import canoe
-import optimizer
+from training import optimizer
 from config import Config
 from test_sleep_order import process_group, tiny_model  # noqa: F401
 

@@ -18,10 +18,10 @@ import torch
 from safetensors.torch import load_file
 
 import canoe
-import lora
-import packing
+from plumbing import lora
+from training import packing
 import rollout
-import weight_sync
+from plumbing import weight_sync
 from config import LORA_TARGETS, Config
 from test_sleep_order import (IllegalAddress, SleepModeEngine, cuda_kernels, fixed_rewards, make_run,  # noqa: F401
                               process_group, tiny_model)
@@ -99,15 +99,15 @@ def delivered(layer, merged: torch.Tensor) -> torch.Tensor:
 
 def test_error_feedback_delivers_a_bf16_update_that_nearest_rounding_loses():
     layer = realistic_layer()
-    delta = weight_sync.exact_delta(layer)
+    delta = lora.exact_delta(layer)
     assert layer.get_base_layer().weight.dtype == torch.bfloat16 and float(delta.abs().max()) < 1e-4
     # nearest rounding (the merge without feedback): the first step's update is mostly rounded away, every push alike
-    nearest = delivered(layer, weight_sync.merged_weights(layer)["weight"])
+    nearest = delivered(layer, lora.merged_weights(layer)["weight"])
     assert float((nearest * delta).sum() / delta.square().sum()) < 0.2 and relative_error(nearest, delta) > 0.9
     # error feedback: what the pushes deliver adds up to what they should, but for the last residual, which is at
     # most half a bfloat16 step of the last pushed value per entry (so the mean over pushes converges to the update)
-    push = weight_sync.MergedPush()
-    pushes = torch.stack([delivered(layer, weight_sync.merged_weights(layer, push, "w")["weight"]) for _ in range(32)])
+    push = lora.MergedPush()
+    pushes = torch.stack([delivered(layer, lora.merged_weights(layer, push, "w")["weight"]) for _ in range(32)])
     half_step = (layer.get_base_layer().weight.float() + pushes[-1]).abs() * 2.0**-8
     assert bool(((pushes.sum(0) - 32 * delta).abs() <= half_step + 1e-12).all())
     assert relative_error(pushes.mean(0), delta) < 0.3 < relative_error(pushes[:8].mean(0), delta)
@@ -118,14 +118,14 @@ def test_over_a_run_the_update_arrives_with_feedback_and_a_fifth_of_it_is_lost_w
     summed over the pushes, error feedback delivers the update to a few percent; nearest rounding loses a fifth."""
     layer = realistic_layer()
     first_b = layer.lora_B["default"].weight.detach().clone()
-    push = weight_sync.MergedPush()
+    push = lora.MergedPush()
     intended, fed_back, nearest = 0, 0, 0
     for step in range(1, 25):
         with torch.no_grad():
             layer.lora_B["default"].weight.copy_(first_b * step)
-        intended = intended + weight_sync.exact_delta(layer)
-        fed_back = fed_back + delivered(layer, weight_sync.merged_weights(layer, push, "w")["weight"])
-        nearest = nearest + delivered(layer, weight_sync.merged_weights(layer)["weight"])
+        intended = intended + lora.exact_delta(layer)
+        fed_back = fed_back + delivered(layer, lora.merged_weights(layer, push, "w")["weight"])
+        nearest = nearest + delivered(layer, lora.merged_weights(layer)["weight"])
         metrics = push.metrics()
         if step == 1:
             assert metrics["sync/lora_delta_bias"] > 0.9 and metrics["sync/lora_delta_cosine"] < 0.5
@@ -136,41 +136,41 @@ def test_over_a_run_the_update_arrives_with_feedback_and_a_fifth_of_it_is_lost_w
 
 def test_the_delivery_metrics_are_measured_on_fixed_entries():
     layer = realistic_layer()
-    push = weight_sync.MergedPush()
-    weight_sync.merged_weights(layer, push, "w")
+    push = lora.MergedPush()
+    lora.merged_weights(layer, push, "w")
     first = push.metrics()
     assert set(first) == {"sync/lora_delta_cosine", "sync/lora_delta_error", "sync/lora_delta_bias"}
     assert first["sync/lora_delta_error"] == pytest.approx(first["sync/lora_delta_bias"])  # one push: the same
-    again = weight_sync.MergedPush()
-    weight_sync.merged_weights(layer, again, "w")
+    again = lora.MergedPush()
+    lora.merged_weights(layer, again, "w")
     assert torch.equal(again.index["w"], push.index["w"]) and again.metrics() == first
-    assert len(push.index["w"]) == weight_sync.MergedPush.SAMPLE
+    assert len(push.index["w"]) == lora.MergedPush.SAMPLE
 
 
 def test_nearest_rounding_merges_as_peft_does_and_measures_what_it_loses():
     """The default (`lora_merge_rounding = "nearest"`): the same merged weight as without a MergedPush, no
     residual, and the metrics say how little of a first step's update arrives."""
     layer = realistic_layer()
-    push = weight_sync.MergedPush("nearest")
-    merged = weight_sync.merged_weights(layer, push, "w")["weight"]
-    assert torch.equal(merged, weight_sync.merged_weights(layer)["weight"]) and push.residual == {}
+    push = lora.MergedPush("nearest")
+    merged = lora.merged_weights(layer, push, "w")["weight"]
+    assert torch.equal(merged, lora.merged_weights(layer)["weight"]) and push.residual == {}
     metrics = push.metrics()
     assert metrics["sync/lora_delta_error"] > 0.9 and metrics["sync/lora_delta_bias"] > 0.9
     # measured on the sample with Δ computed at those entries only, as the whole product gives them
     index = push.index["w"]
-    torch.testing.assert_close(weight_sync.sampled_delta(layer, index), weight_sync.exact_delta(layer).reshape(-1)[index],
+    torch.testing.assert_close(lora.sampled_delta(layer, index), lora.exact_delta(layer).reshape(-1)[index],
                                rtol=1e-5, atol=1e-12)
     with pytest.raises(ValueError, match="rounding"):
-        weight_sync.MergedPush("stochastic")
+        lora.MergedPush("stochastic")
 
 
 def test_in_float32_the_merge_is_unchanged_and_exact_and_nothing_is_measured():
     layer = adapted_layer(torch.float32, 1e-3)
-    push = weight_sync.MergedPush()
-    merged = weight_sync.merged_weights(layer, push, "w")["weight"]
+    push = lora.MergedPush()
+    merged = lora.merged_weights(layer, push, "w")["weight"]
     expected = layer.get_base_layer().weight + layer.get_delta_weight("default")
-    assert torch.equal(merged, expected) and torch.equal(merged, weight_sync.merged_weights(layer)["weight"])
-    torch.testing.assert_close(weight_sync.exact_delta(layer), layer.get_delta_weight("default"), rtol=0, atol=0)
+    assert torch.equal(merged, expected) and torch.equal(merged, lora.merged_weights(layer)["weight"])
+    torch.testing.assert_close(lora.exact_delta(layer), layer.get_delta_weight("default"), rtol=0, atol=0)
     assert push.metrics() == {} and push.residual == {}  # float32 merges exactly: no residual, nothing measured
 
 
@@ -178,8 +178,8 @@ def test_in_float32_the_merge_is_unchanged_and_exact_and_nothing_is_measured():
 def test_a_changed_only_push_sends_every_projection_of_an_adapted_module_and_nothing_else(targets, process_group):
     """vLLM fuses q, k, v (and gate, up): a reload that sent q and v alone would lose k, so k goes too."""
     model = lora.wrap(tiny_model(), rank=4, alpha=8.0, dropout=0.0, target_modules=targets)
-    every = [name for name, _ in weight_sync.policy_weights(model, 2)]
-    names = [name for name, _ in weight_sync.policy_weights(model, 2, changed_only=True)]
+    every = [name for name, _ in lora.policy_weights(model, 2)]
+    names = [name for name, _ in lora.policy_weights(model, 2, changed_only=True)]
     attention = [f"model.layers.{i}.self_attn.{p}.weight" for i in range(2) for p in ("q_proj", "k_proj", "v_proj",
                                                                                       "o_proj")]
     mlp = [f"model.layers.{i}.mlp.{p}.weight" for i in range(2) for p in ("gate_proj", "up_proj", "down_proj")]
@@ -188,11 +188,11 @@ def test_a_changed_only_push_sends_every_projection_of_an_adapted_module_and_not
     assert not any("embed" in n or "norm" in n or "lm_head" in n for n in names)
     # what is left out, summed once, and what is pushed add up to the sums of a whole push
     whole, part = weight_sync.WeightSums(), weight_sync.WeightSums()
-    for _, tensor in weight_sync.policy_weights(model, 2):
+    for _, tensor in lora.policy_weights(model, 2):
         whole.add(tensor)
-    for _, tensor in weight_sync.policy_weights(model, 2, changed_only=True):
+    for _, tensor in lora.policy_weights(model, 2, changed_only=True):
         part.add(tensor)
-    part.add_sums(weight_sync.MergedPush().rest_sums(model, 2, torch.float32))
+    part.add_sums(lora.MergedPush().rest_sums(model, 2, torch.float32))
     assert part.total == pytest.approx(whole.total, rel=1e-12) and part.squares == pytest.approx(whole.squares, rel=1e-12)
 
 
@@ -200,7 +200,7 @@ def test_a_changed_only_push_sends_every_projection_of_an_adapted_module_and_not
 
 
 class LoraEngine(SleepModeEngine):
-    """vLLM 0.32's `LLM(enable_lora=True, max_loras=1, max_cpu_loras=1)` as weight_sync.AdapterPush and the step use it:
+    """vLLM 0.32's `LLM(enable_lora=True, max_loras=1, max_cpu_loras=1)` as lora.AdapterPush and the step use it:
     - `llm_engine.add_lora(request)` reads the PEFT folder only for an id it does not hold (unless
       `load_inplace`), evicting the oldest adapter above its capacity of one (lora/worker_manager.py lines
       289-330); `list_loras()` names the ids held (v1/engine/llm_engine.py lines 469-479);
@@ -263,18 +263,18 @@ def test_the_adapter_push_lands_under_a_new_id_after_the_weights_wake_and_every_
     model = adapted(tiny_model())
     run, _ = make_run(tmp_path, sleep=True, policy=model, beta=0.04)
     run.llm = llm = LoraEngine(tiny_model())
-    run.adapter = weight_sync.AdapterPush(tmp_path / "vllm-adapter" / "rank-0")
+    run.adapter = lora.AdapterPush(tmp_path / "vllm-adapter" / "rank-0")
     for _ in range(2):
         step = canoe.train_step(run)
         assert step.sync_diff <= 1e-4  # vLLM's W + s·B·A, applied apart, is the trainer's policy
     assert llm.list_loras() == {2} and run.adapter.request.lora_int_id == 2
     assert sorted(p.name for p in (tmp_path / "vllm-adapter" / "rank-0").iterdir()) == ["push-2"]  # push-1 dropped
     engine_params = dict(llm.model.named_parameters())
-    for name, tensor in weight_sync.base_weights(run.engine.module, 2):
+    for name, tensor in lora.base_weights(run.engine.module, 2):
         assert torch.equal(engine_params[name], tensor), name  # W exactly as the trainer holds it
     held = llm.held[2]
     layer = model.base_model.model.model.layers[1].mlp.down_proj
-    torch.testing.assert_close(held["model.layers.1.mlp.down_proj.weight"], weight_sync.exact_delta(layer), rtol=0, atol=0)
+    torch.testing.assert_close(held["model.layers.1.mlp.down_proj.weight"], lora.exact_delta(layer), rtol=0, atol=0)
     one_step = ["generate", "sleep(2)", "wake_up(weights)", "reload_weights", "reset_prefix_cache"]
     assert llm.events[:7] == one_step + ["add_lora(1)", "wake_up(kv_cache)"]
     # step 1 sampled the base model (no adapter pushed yet), its probe and step 2 the adapter of push 1, then 2
@@ -290,7 +290,7 @@ def test_without_a_discarding_sleep_the_adapter_push_sends_the_adapter_alone(tmp
     model = adapted(tiny_model())
     run, _ = make_run(tmp_path, sleep=False, policy=model, beta=0.04)
     run.llm = llm = LoraEngine(tiny_model())
-    run.adapter = weight_sync.AdapterPush(tmp_path / "vllm-adapter" / "rank-0")
+    run.adapter = lora.AdapterPush(tmp_path / "vllm-adapter" / "rank-0")
     run.checksum = torch.float32  # the weight-sum check, as outside float32
     for _ in range(2):
         step = canoe.train_step(run)
@@ -311,7 +311,7 @@ def test_an_adapter_the_engine_does_not_hold_stops_the_run(tmp_path):
             return False
 
     model = lora.wrap(tiny_model(), rank=4, alpha=8.0, dropout=0.0, target_modules=LORA_TARGETS)
-    push = weight_sync.AdapterPush(tmp_path)
+    push = lora.AdapterPush(tmp_path)
     with pytest.raises(weight_sync.WeightSyncError, match="adapter push failed"):
         push.push(Forgetful(tiny_model()), model, 2)
     engine = LoraEngine(tiny_model())

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rewards
-from grader import MathGrader
+from grading.grader import MathGrader
 from rewards import (
     REWARD_FUNCS,
     REWARD_ISSUES,
@@ -33,7 +33,7 @@ DEADLINE_S = 1.0
 
 @pytest.fixture(scope="module")
 def math_grader():
-    with MathGrader(workers=2, deadline_s=DEADLINE_S) as shared:
+    with MathGrader(workers=2, deadline_s=DEADLINE_S, r1=True) as shared:
         yield shared
 
 

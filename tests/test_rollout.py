@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import rollout
-import weight_sync
+from plumbing import weight_sync
 from rollout import Completion, extract_long_answer, substitute_context
-from weight_sync import WeightSyncError, check_sync
+from plumbing.weight_sync import WeightSyncError, check_sync
 
 CASES = Path(__file__).resolve().parent / "cases" / "canoe_reward_cases.json"
 

@@ -30,10 +30,10 @@ import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import canoe
-import optimizer
+from training import optimizer
 import data
 import rollout
-import weight_sync
+from plumbing import weight_sync
 from config import Config
 
 VOCAB = 64
@@ -263,7 +263,7 @@ def test_level_2_keeps_no_weights_and_restores_the_buffers():
 def test_flash_attention_is_refused_through_the_deepspeed_engine(process_group):
     """packing's guard reads the attention setting of the model a DeepSpeed engine wraps (the engine's own
     `.config` is DeepSpeed's config dict, which has no attention setting)."""
-    import packing
+    from training import packing
 
     model = tiny_model()
     model.config._attn_implementation = "flash_attention_2"

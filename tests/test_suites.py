@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import data
-import evaluate
-import suites
-import synth
+from evaluation import evaluate
+from evaluation import suites
+from synthetic import synth
 from config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import data
-import facts
-import synth
+from synthetic import facts
+from synthetic import synth
 from config import load_config
-from tags import answer_span
+from grading.tags import answer_span
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 import data
 import rewards
 import rollout
-import tags
-from tags import answer_span, tag_content
+from grading import tags
+from grading.tags import answer_span, tag_content
 
 
 def regex_content(text: str, tag: str) -> str | None:

@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import lora
-import optimizer
-import weight_sync
+from plumbing import lora
+from training import optimizer
+from plumbing import weight_sync
 from config import Config
 from test_sleep_order import VOCAB, process_group  # noqa: F401
 
@@ -56,8 +56,8 @@ def test_a_tied_embedding_is_pushed_and_summed_once(zero_stage, lora_rank, proce
                                       config=optimizer.deepspeed_config(cfg, 1, torch.float32, train=True))
     paths = {"full": weight_sync.iter_full_parameters(engine.module, zero_stage)}
     if lora_rank:
-        paths = {"merged": weight_sync.policy_weights(engine.module, zero_stage),
-                 "adapter's base": weight_sync.base_weights(engine.module, zero_stage)}
+        paths = {"merged": lora.policy_weights(engine.module, zero_stage),
+                 "adapter's base": lora.base_weights(engine.module, zero_stage)}
     for path, weights in paths.items():
         names, sums = pushed(weights)
         assert len(names) == len(set(names)), (path, names)

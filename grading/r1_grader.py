@@ -27,7 +27,7 @@ import re
 import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from grader import WARM_UP_PAIRS, MathGrader, default_grader, has_word, matching_brace, only_known_commands
+from grading.grader import WARM_UP_PAIRS, MathGrader, default_grader, has_word, matching_brace, only_known_commands
 
 MAX_R1_CHARS = 1000  # longer answers are compared as stripped strings: normalising them is not linear-time
 

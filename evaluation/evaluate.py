@@ -36,7 +36,7 @@ use the config's dtype. Results go to OUTPUT_DIR/eval/<name>.json, with every pr
 
 from __future__ import annotations
 
-import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
+from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
 import json
 import warnings
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 import data
-import suites
+from evaluation import suites
 from rewards import format_reward
 
 # Hugging Face's `generate` defaults for the sampling settings a generation_config.json leaves out.

@@ -10,7 +10,8 @@ How:
   Nothing is ever forked from the trainer's torch/vLLM/DeepSpeed threads without an immediate exec. We do not use
   multiprocessing's spawn/forkserver contexts: both re-import the parent's `__main__` in the child, which for the
   trainer (`canoe.py`) would import torch into every worker. A worker imports only this file and the job modules
-  (for the rewards: `grader` and `r1_grader`, i.e. sympy and math-verify).
+  (for the rewards: `grading.grader`, and `grading.r1_grader` where the R1-Zero reward asks for it; sympy and
+  math-verify).
 - Start-up (~1 s, mostly importing sympy) is paid once: workers persist across calls and are replaced only when
   one is killed or dies.
 - Each worker gets one call at a time, so an overrun is attributable to exactly one call; its deadline runs from
@@ -46,6 +47,8 @@ from typing import Any, Callable
 logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")  # payload length, network byte order
+# The repository root, which a worker puts on its path: the job modules are named as packages ("grading.grader").
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _READ_CHUNK = 1 << 16
 _MAX_START_FAILURES = 3  # consecutive workers dying before "ready" => the environment is broken, raise
 
@@ -79,8 +82,8 @@ class _Worker:
 
     def __init__(self, modules: tuple[str, ...]) -> None:
         code = (
-            f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-            f"import deadline; deadline.worker_main({modules!r})"
+            f"import sys; sys.path.insert(0, {ROOT!r}); "
+            f"from grading import deadline; deadline.worker_main({modules!r})"
         )
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.fd_out = self.proc.stdout.fileno()  # type: ignore[union-attr]  # parent reads results here

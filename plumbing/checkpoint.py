@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import lora
-import weight_sync
+from plumbing import lora
+from plumbing import weight_sync
 
 
 def _barrier() -> None:
@@ -53,14 +53,15 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 def save_policy(engine, tokenizer, zero_stage: int, target: Path, rank: int) -> None:
     """Write the policy as a Hugging Face model folder (rank 0 writes; every rank takes part in ZeRO-3 gathers).
 
-    With LoRA the folder holds the merged weights (weight_sync.policy_weights), saved through the base model, so that
+    With LoRA the folder holds the merged weights (lora.policy_weights), saved through the base model, so that
     it loads like any model, and the adapter goes beside it in PEFT's format (`adapter/`).
     """
     state = {}
-    for name, tensor in weight_sync.policy_weights(engine.module, zero_stage):
+    model = engine.module
+    weights = lora.policy_weights if lora.is_lora(model) else weight_sync.iter_full_parameters
+    for name, tensor in weights(model, zero_stage):
         if rank == 0:  # no copy on the CPU: ZeRO-3's gathered tensors and LoRA's merged ones are copies already,
             state[name] = tensor.detach().to("cpu")  # and ZeRO-2's parameters do not change while this writes
-    model = engine.module
     if lora.is_lora(model):
         lora.save_adapter(model, target.parent / "adapter", zero_stage=zero_stage, rank=rank)
         model = model.get_base_model()

@@ -17,9 +17,9 @@ import psutil
 import torch
 
 import data
-import memory_plan
-import runtime
-import weight_sync
+from plumbing import memory_plan
+from plumbing import runtime
+from plumbing import weight_sync
 from config import Config
 
 

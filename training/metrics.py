@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 
 from grpo_loss import METRIC_REDUCTIONS, merge_metrics, summarize_metrics
-from runtime import all_reduce_values, reduce_over_ranks
+from plumbing.runtime import all_reduce_values, reduce_over_ranks
 
 
 def write_run_info(cfg, out: Path, world_size: int, dtype) -> None:

@@ -44,7 +44,7 @@ from fractions import Fraction
 from latex2sympy2_extended.latex2sympy2 import NormalizationConfig
 from math_verify import LatexExtractionConfig, parse, verify
 
-from deadline import DeadlinePool
+from grading.deadline import DeadlinePool
 
 
 # ============================================================================ 1. CANOE accuracy: text or math?
@@ -259,9 +259,10 @@ def canoe_math_equal(gold: str, pred: str) -> bool:
 # ============================================================================ 2. MathGrader: parallel, deadline
 
 WORKER_JOBS = {"canoe": canoe_math_equal}  # what grading workers may run from this module
-# The modules each grading worker imports, running their `warm_up()` and taking their WORKER_JOBS. r1_grader
-# imports this module, so it is named here rather than imported.
-WORKER_MODULES = ("grader", "r1_grader")
+# The modules a grading worker imports, running their `warm_up()` and taking their WORKER_JOBS: CANOE's rewards need
+# this one only; the R1-Zero reward's grader (which imports this module, so it is named, not imported) on request.
+WORKER_MODULES = ("grading.grader",)
+R1_WORKER_MODULES = ("grading.grader", "grading.r1_grader")
 # Pairs each worker grades before it reports ready, in every module's `warm_up`.
 WARM_UP_PAIRS = [("\\frac{1}{2}", "0.5"), ("x^2-1", "(x-1)(x+1)"), ("\\sqrt{8}", "2\\sqrt{2}"), ("120", "5!"),
                  ("(1,2)", "[1,2)")]
@@ -296,9 +297,10 @@ class MathGrader:
       slowest_s -- the longest time any single pair took, timeouts included.
     """
 
-    def __init__(self, workers: int = 2, deadline_s: float = 1.0):
+    def __init__(self, workers: int = 2, deadline_s: float = 1.0, r1: bool = False):
         self.deadline_s = deadline_s
-        self._pool = DeadlinePool(WORKER_MODULES, workers=workers, deadline_s=deadline_s)
+        self.r1 = r1  # the workers also run r1_grader's job (`r1_equivalent`), and import and warm it
+        self._pool = DeadlinePool(R1_WORKER_MODULES if r1 else WORKER_MODULES, workers=workers, deadline_s=deadline_s)
         self.timeouts = 0
         self.errors = 0
         self.slowest_s = 0.0
@@ -330,7 +332,10 @@ class MathGrader:
         self._pool.wait_ready()
 
     def r1_equivalent(self, gold: str, pred: str, fast: bool) -> bool:
-        """The worker part of `r1_grader.r1_grade` (sympy, plus math-verify when not fast); False on timeout."""
+        """The worker part of `r1_grader.r1_grade` (sympy, plus math-verify when not fast); False on timeout. Needs
+        a grader made with `r1=True`."""
+        if not self.r1:
+            raise ValueError("this MathGrader's workers do not load r1_grader: make it with MathGrader(r1=True)")
         return self._run("r1", [(gold, pred, fast)], [False])[0]
 
     def _run(self, job: str, calls: list[tuple], fallbacks: list[bool]) -> list:
@@ -369,13 +374,14 @@ _default_lock = threading.Lock()
 
 
 def default_grader() -> MathGrader:
-    """The process-wide MathGrader (2 workers, 1 s deadline), created on first use and closed at exit.
+    """The process-wide MathGrader (2 workers, 1 s deadline, R1-Zero's job too), created on first use and closed at
+    exit.
 
     Rewards use it when no `grader=` is passed; the trainer passes its own to control workers and deadline.
     """
     global _default_grader
     with _default_lock:
         if _default_grader is None:
-            _default_grader = MathGrader()
+            _default_grader = MathGrader(r1=True)
             atexit.register(_default_grader.close)
         return _default_grader

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import facts
+from synthetic import facts
 from data import TASKS, task_counts
 
 

@@ -1,0 +1,376 @@
+"""The weight sync: the trainer's weights into the colocated vLLM engine after every update, and the proof they landed.
+
+A GRPO trainer samples from the policy it trains, so after each optimizer step vLLM must hold the new weights. This
+file is the whole path, in the order a step takes it:
+
+1. **What is pushed** (`iter_full_parameters`): every parameter under its Hugging Face name. Under ZeRO-3 each
+   module's own parameters are gathered, copied and released before the next module, so the whole model is never
+   gathered at once; a tied embedding and head go once. A LoRA policy sends less, and its own way (lora.py: the
+   merged W + s·B·A of the adapted projections, or the adapter itself), through the loading and the checks below.
+2. **Loading** (`push_weights`, `push`): vLLM's in-place `reload_weights`, then, on the CPU, the packed linear
+   kernels rebuilt from the new values (`keep_cpu_linear_weights`: without it the push lands in parameters that
+   no kernel reads), then the prefix cache dropped.
+3. **The checks**: vLLM's log-probabilities of a fixed probe completion against the trainer's (`check_sync`; a
+   sync that silently fails is the most common bug in GRPO trainers), and outside float32, where the probe's
+   tolerance must leave room for two sets of bfloat16 kernels, the sums of the pushed weights against the
+   engine's (`check_weight_sums`: exact, blind to the kernels).
+4. **Memory hand-over** on CUDA: vLLM sleeps at level 2 from the end of sampling until the push
+   (`sleep_engine`), then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
+
+canoe.push_and_verify calls these in that order. Every push is verified; the original CANOE code trusted the sync
+(docs/differences.md, D7).
+"""
+
+from __future__ import annotations
+
+from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
+
+import logging
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import deepspeed
+import torch
+import torch.nn.functional as F
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+from vllm.model_executor.layers import utils as vllm_layer_utils
+from vllm.platforms import current_platform
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The trainer's weights, as vLLM holds them
+
+
+class WeightSyncError(RuntimeError):
+    """vLLM's weights do not match the trainer's after a push."""
+
+
+def iter_full_parameters(model: torch.nn.Module, zero_stage: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, full tensor) for every parameter of the (DeepSpeed-wrapped) `model.module`, a shared one once.
+
+    ZeRO-2 keeps full parameters on every rank, so they are yielded as they are. ZeRO-3 partitions them: each
+    module's own parameters are gathered, copied out and released before the next module is touched
+    (`own_full_parameters`), so at most one module is ever whole (never the whole model). Every rank must consume
+    the iterator in step, because a gather is a collective.
+
+    A parameter held by two modules (a tied input embedding and output head: `tie_word_embeddings`, Qwen2.5 up to
+    3B, Llama-3.2, SmolLM2) is yielded once, under its first name (`model.embed_tokens.weight`), on both paths:
+    `named_parameters` skips repeats itself (torch/nn/modules/module.py, `_named_members` with remove_duplicate),
+    and the module walk keeps the ids it has seen. vLLM makes the head the embedding's Parameter (qwen2.py line
+    487, llama.py line 510, vllm/model_executor/models/) and loads a tied tensor under one name only (utils.py
+    lines 255-259, `AutoWeightsLoader`), so the engine's `parameters()` hold it once too (`check_weight_sums`).
+    """
+    if zero_stage < 3:
+        for name, param in model.named_parameters():
+            yield name, param.detach()
+        return
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        for name, tensor in own_full_parameters(module, zero_stage, seen):
+            yield (f"{module_name}.{name}" if module_name else name), tensor
+
+
+def own_full_parameters(module: torch.nn.Module, zero_stage: int,
+                        seen: set[int] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """(name, full tensor) for the parameters `module` holds itself (not its children's).
+
+    ZeRO-2: the parameters as they are. ZeRO-3: gathered and copied, because vLLM may buffer tensors until a
+    whole layer has arrived and the gathered storage is freed when the gather ends. A collective under ZeRO-3:
+    every rank must call it for the same module. `seen` (ids of parameters already yielded by an earlier module,
+    updated here) leaves out a parameter that another module shares, such as a tied output head.
+    """
+    own = list(module.named_parameters(recurse=False))
+    if seen is not None:
+        own = [(name, p) for name, p in own if id(p) not in seen]
+        seen.update(id(p) for _, p in own)
+    if zero_stage < 3 or not own:
+        return [(name, p.detach()) for name, p in own]
+    with deepspeed.zero.GatheredParameters([p for _, p in own]):
+        return [(name, p.detach().clone()) for name, p in own]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loading into the engine
+
+
+# vLLM's own dispatch, kept before keep_cpu_linear_weights replaces the module attribute.
+VLLM_CPU_DISPATCH = vllm_layer_utils.dispatch_cpu_unquantized_gemm
+
+
+def keep_cpu_linear_weights(packed: bool = True) -> None:
+    """Make vLLM's CPU backend keep its linear weights as ordinary parameters, so that a push can reach them.
+
+    At load time vLLM's CPU backend hands every 2-D linear weight to `dispatch_cpu_unquantized_gemm`
+    (vllm/model_executor/layers/utils.py, called from `UnquantizedLinearMethod.process_weights_after_loading` in
+    layers/linear.py with `remove_weight=True`, and for the output embedding from vocab_parallel_embedding.py),
+    which builds a packed oneDNN or SGL kernel from a *copy* of the weight and, by default, replaces the
+    parameter by an empty tensor. `reload_weights` then loads new values that no kernel reads: the push
+    "succeeds" and generation goes on from the old weights (measured here: 2.4 nats of disagreement after one
+    perturbed push).
+
+    - `packed=True` (what training uses): vLLM's own dispatch with `remove_weight=False`. The parameters keep
+      their values, `reload_weights` writes into them, and `repack_cpu_linear` rebuilds the packed kernels from
+      them after every push (`push_weights` does it). Decode runs at vLLM's packed speed (bench/RESULTS.md,
+      "Decode step").
+    - `packed=False`: every 2-D linear layer runs `torch.nn.functional.linear` on its parameter, so a push lands
+      with nothing more to do, at 2-2.5x the decode time of the packed kernels on this CPU.
+
+    Process-wide (it replaces the module attribute vLLM imports at load time); call it before creating an engine.
+    """
+    current = vllm_layer_utils.dispatch_cpu_unquantized_gemm
+    if getattr(current, "packed", None) == packed:
+        return
+
+    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
+        if packed or layer.weight.ndim != 2 or layer.weight.is_meta:
+            return VLLM_CPU_DISPATCH(layer, remove_weight=False)
+        layer.cpu_linear = lambda x, weight, bias: F.linear(x, weight, bias)
+
+    dispatch.packed = packed
+    vllm_layer_utils.dispatch_cpu_unquantized_gemm = dispatch
+
+
+def _repack_worker(worker) -> int:
+    """In the worker (this process): run vLLM's CPU dispatch again on every linear layer that has a packed
+    kernel, so the kernel is rebuilt from the parameter's current values. Returns the number of layers."""
+    count = 0
+    for module in worker.model_runner.model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2 and weight.numel():
+            VLLM_CPU_DISPATCH(module, remove_weight=False)
+            count += 1
+    return count
+
+
+def repack_cpu_linear(llm) -> int:
+    """Rebuild the CPU engine's packed linear kernels from its (just reloaded) parameters; returns the layer
+    count. vLLM calls a function passed to `collective_rpc` with each worker (in-process here)."""
+    return sum(llm.collective_rpc(_repack_worker))
+
+
+def cpu_kernels_are_packed() -> bool:
+    """Whether CPU engines created now use vLLM's packed kernels (and so need `repack_cpu_linear` after a push)."""
+    return not torch.cuda.is_available() and getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", True)
+
+
+# What vLLM's in-place reload logs, at warning level, for every layer a push leaves out (model_loader/reload/
+# layerwise.py, `finalize_layerwise_processing`, and inplace.py, `reload_weights`): expected of a partial push.
+PARTIAL_RELOAD_MESSAGES = ("%s: Failed to load weights", "Following weights were not loaded from checkpoint: %s")
+
+
+class _PartialReloadFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in PARTIAL_RELOAD_MESSAGES
+
+
+def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bool | None = None,
+                 partial: bool = False) -> float:
+    """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache. Returns seconds.
+
+    On the CPU with packed kernels, the kernels are rebuilt from the new parameters (`repack`; None means "when
+    the engine's kernels are packed"). vLLM's reload rebuilds the kernel of each layer it loads, but not of a tied
+    head whose embedding was loaded: after a whole-model push `repack=False` leaves the engine generating from
+    the old head, and the push verification (`check_sync`) must then fail, which tests/test_rollout.py shows.
+    `partial` (some weights left out, as `MergedPush` sends) silences the reload's warning for each of them.
+    """
+    start = time.perf_counter()
+    loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}") for name in ("layerwise", "inplace")]
+    quiet = _PartialReloadFilter()
+    for logger in loggers if partial else []:
+        logger.addFilter(quiet)
+    try:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+    if cpu_kernels_are_packed() if repack is None else repack:
+        repack_cpu_linear(llm)
+    # Cached KV blocks were computed by the old weights.
+    llm.reset_prefix_cache()
+    return time.perf_counter() - start
+
+
+def push(llm, model: torch.nn.Module, zero_stage: int, *, sums: WeightSums | None = None,
+         dtype: torch.dtype | None = None) -> float:
+    """A fully trained policy into the engine: every parameter (`iter_full_parameters`); returns seconds. `sums`
+    adds up what the engine should now hold, cast to the engine's `dtype`, for `check_weight_sums`. A LoRA policy
+    goes through lora.push, which sends less and uses the loading and the checks of this file."""
+    weights = iter_full_parameters(model, zero_stage)
+    if sums is not None:
+        weights = summed(weights, sums, dtype)
+    return push_weights(llm, weights)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The checks: the probe's log-probabilities, and the weights' sums
+
+
+PROBE_PROMPT_TOKENS = 48
+
+
+def make_probe(tokenizer, prompt_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    """A fixed prompt and completion whose log-probabilities vLLM and the trainer must agree on after a push.
+
+    The prompt is the last PROBE_PROMPT_TOKENS tokens of a training prompt (the question and the assistant turn's
+    opening): every weight acts on every token, so a short probe catches a push that did not land as well as a
+    long one, and checking it costs ~0.45 s a step instead of ~0.9 s with the whole prompt (SmolLM2, 2 cores).
+    """
+    completion = ("<think>The passage answers the question directly.</think>\n<long_answer>According to the "
+                  "passage, the answer is stated in its first sentence.</long_answer>\n<answer>")
+    ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+    return list(prompt_ids)[-PROBE_PROMPT_TOKENS:], list(ids)
+
+
+def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                        lora_request=None) -> torch.Tensor:
+    """vLLM's log-probabilities of `completion_ids` after `prompt_ids`, `(T,)` float32 (prompt logprobs)."""
+    ids = list(prompt_ids) + list(completion_ids)
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    output = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False, **request_kwargs(lora_request))[0]
+    # prompt_logprobs[t] holds the logprob of ids[t] given ids[:t] (entry 0 is None).
+    steps = output.prompt_logprobs[len(prompt_ids) :]
+    return torch.tensor([step[token].logprob for step, token in zip(steps, completion_ids)], dtype=torch.float32)
+
+
+def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tolerance: float) -> float:
+    """Raise WeightSyncError unless the two `(T,)` log-probability vectors agree within `tolerance` (max |Δ|).
+
+    Returns the max absolute difference (logged every step as `sync/push_max_abs_diff`).
+    """
+    assert vllm_logprobs.shape == trainer_logprobs.shape, (vllm_logprobs.shape, trainer_logprobs.shape)
+    diff = (vllm_logprobs.float() - trainer_logprobs.float().cpu()).abs()
+    worst = float(diff.max())
+    if not worst <= tolerance:  # also catches NaN
+        position = int(diff.argmax())
+        raise WeightSyncError(
+            f"weight push failed verification: vLLM and the trainer disagree on the probe completion by "
+            f"{worst:.3g} nats at token {position} (vLLM {float(vllm_logprobs[position]):.4f}, trainer "
+            f"{float(trainer_logprobs[position]):.4f}; tolerance {tolerance:g}, mean |diff| {float(diff.mean()):.3g}). "
+            f"The engine is not generating from the weights being trained; stopping."
+        )
+    return worst
+
+
+@dataclass
+class WeightSums:
+    """Σw, Σ|w| and Σw² in float64 over a set of weight tensors: a checksum of a push that needs no name mapping.
+
+    vLLM holds some weights fused (q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj`) and pads the
+    vocabulary rows of the embedding with zeros at every load (vllm/model_executor/layers/vocab_parallel_embedding.py
+    lines 519-520), so its parameters are not the pushed tensors one for one, but sums over them are the same:
+    the sums over what the trainer pushed equal the sums over the engine's parameters exactly when every pushed
+    value landed (up to float64 summation order, ~1e-15 relatively). Computed in chunks, so that no float64 copy
+    of a whole tensor is made.
+    """
+
+    total: float = 0.0
+    absolute: float = 0.0
+    squares: float = 0.0
+
+    CHUNK = 1 << 24
+
+    @torch.no_grad()
+    def add(self, tensor: torch.Tensor) -> None:
+        for chunk in tensor.detach().reshape(-1).split(self.CHUNK):
+            chunk = chunk.double()
+            self.total += float(chunk.sum())
+            self.absolute += float(chunk.abs().sum())
+            self.squares += float(chunk.square().sum())
+
+    def add_as_held(self, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+        """Add a pushed tensor as the engine will hold it: cast to the engine's `dtype`."""
+        self.add(tensor.to(dtype))
+
+    def add_sums(self, other: WeightSums) -> None:
+        """Add the sums of another set of tensors (this set and that one, as if added tensor by tensor)."""
+        self.total += other.total
+        self.absolute += other.absolute
+        self.squares += other.squares
+
+
+# Relative disagreement of two WeightSums above which a push did not land (float64 summation in another order
+# differs by ~1e-15; one step of a bf16 run changes the sums by far more, see check_weight_sums).
+WEIGHT_SUMS_TOLERANCE = 1e-10
+
+
+def summed(weights: Iterable[tuple[str, torch.Tensor]], sums: WeightSums,
+           dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """`weights` passed on unchanged, each added to `sums` as the engine will hold it (cast to its `dtype`)."""
+    for name, tensor in weights:
+        sums.add_as_held(tensor, dtype)
+        yield name, tensor
+
+
+def _engine_sums_worker(worker) -> WeightSums:
+    sums = WeightSums()
+    for param in worker.model_runner.model.parameters():
+        sums.add(param)
+    return sums
+
+
+def engine_weight_sums(llm) -> WeightSums:
+    """The WeightSums of the engine's parameters (vLLM calls a function given to `collective_rpc` with its worker;
+    one worker here, tensor parallel 1). Shared parameters count once, as in the trainer's `named_parameters`."""
+    return llm.collective_rpc(_engine_sums_worker)[0]
+
+
+def check_weight_sums(pushed: WeightSums, engine: WeightSums, tolerance: float = WEIGHT_SUMS_TOLERANCE) -> float:
+    """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns the larger relative gap.
+
+    What it detects: any pushed value that did not land as sent (a stale or partial push, a push into an engine
+    whose memory was remapped, weights that vLLM changed after loading). Σw and Σw² both move unless the changes
+    cancel in both, which a step's update does not do: in bfloat16 a weight that changes moves by one rounding step
+    (2^-8 of its size), so a step that changes K of N weights of mean square w² moves Σw² by about
+    2^-7 · sqrt(K) · w², a relative change of ~1e-8 for K = 1e6 of N = 8e9, far above the tolerance (1e-10) and
+    far below what the probe can see. What it cannot detect: an engine that computes wrongly from the right
+    weights (stale packed CPU kernels, an adapter applied wrongly) and weights vLLM holds that are not pushed; the
+    probe (`check_sync`) covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not
+    parameters (vllm/lora/layers/base_linear.py line 133), so with the adapter pushed apart the sums cover W; the
+    adapter is checked by its id (`AdapterPush`).
+    """
+    gap = max(abs(pushed.total - engine.total) / max(pushed.absolute, 1e-30),
+              abs(pushed.squares - engine.squares) / max(pushed.squares, 1e-30))
+    if not gap <= tolerance:
+        raise WeightSyncError(
+            f"weight push failed verification: the engine's weights do not sum to what was pushed (Σw {engine.total:.12g} "
+            f"vs {pushed.total:.12g}, Σw² {engine.squares:.12g} vs {pushed.squares:.12g}; relative gap {gap:.3g}, "
+            f"tolerance {tolerance:g}). Some pushed values did not land; stopping.")
+    return gap
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Memory hand-over between vLLM and the trainer
+
+
+def sleep_supported() -> bool:
+    """vLLM can release its memory between rollouts only on CUDA/ROCm/XPU platforms (not on the CPU)."""
+    return current_platform.is_sleep_mode_available()
+
+
+def sleep_engine(llm, enabled: bool) -> None:
+    """Give vLLM's memory to the trainer after sampling: sleep at level 2, which unmaps the weights and the KV cache.
+
+    The engine stays asleep through the update; `wake_weights`, the push and `wake_kv_cache` follow, in that order,
+    so that weights are only ever written into mapped memory. Level 2 rather than 1: at level 1 vLLM copies every
+    weight allocation to a host buffer at each sleep and copies it back at wake-up (vllm/device_allocator/cumem.py
+    lines 265-276 and 352-360; vllm/device_allocator/sleep_mode_backend.py lines 127-137), about 15 GiB each way
+    per rank and step for an 8B model in bfloat16, and what comes back is the pre-update copy that the push
+    overwrites in full. At level 2 only the module buffers (rotary tables) are kept on the host and put back when
+    the weights wake (vllm/v1/worker/gpu_worker.py lines 300-310 and 340-346); every parameter is pushed.
+    """
+    if enabled:
+        llm.sleep(level=2)
+
+
+def wake_weights(llm, enabled: bool) -> None:
+    """Map vLLM's weight memory again (its contents are undefined after a level-2 sleep until the push)."""
+    if enabled:
+        llm.wake_up(tags=["weights"])
+
+
+def wake_kv_cache(llm, enabled: bool) -> None:
+    """Map the KV cache again; vLLM serves requests only once nothing sleeps (vllm/v1/engine/core.py 1012-1016)."""
+    if enabled:
+        llm.wake_up(tags=["kv_cache"])
