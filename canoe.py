@@ -154,9 +154,11 @@ def setup(cfg: Config, *, resume: bool) -> Run:
 
     # vLLM, colocated in this process. Stage-2 prompts carry a long answer in place of the context, so the
     # engine's context must hold a prompt plus two completions.
+    # Differs from CANOE (docs/differences.md, D16): vLLM shares each GPU with the trainer, with a share from a plan.
     sleep = cfg.vllm_sleep and device.type == "cuda" and weight_sync.sleep_supported()
     if device.type == "cuda":
         preflight.check_engine_can_start(cfg)
+    # Differs from CANOE (docs/differences.md, D17): with LoRA, vLLM receives new merged tensors or the adapter.
     adapter = cfg.pushes_adapter(dtype, cuda=device.type == "cuda")  # vLLM applies the LoRA adapter itself
     llm = rollout.make_engine(cfg.model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens,
@@ -177,12 +179,12 @@ def setup(cfg: Config, *, resume: bool) -> Run:
 def load_policy(model: str, dtype: torch.dtype):
     """The policy's weights, loaded straight in the training dtype (every rank loads its own copy).
 
-    DeepSpeed casts the parameters to bfloat16 anyway, and only them (deepspeed/runtime/engine.py lines 2080-2088,
-    `_cast_module_mixed_precision`: "Cast params only; preserve fp32 buffers"); its float32 master weights are made
-    from those bfloat16 parameters. Loading in bfloat16 gives the same parameters and the same float32 buffers
-    (transformers computes the rotary tables in float32 whatever the dtype; tests/test_config.py checks it), and
-    a rank no longer holds 4 bytes per parameter on the host before the cast: 59 GB for Qwen2.5-14B, 8 ranks at
-    once on an 8-GPU node. On the CPU the dtype is float32, as before.
+    DeepSpeed casts the parameters to bfloat16 anyway, and only them (deepspeed/runtime/engine.py,
+    `DeepSpeedEngine._configure_distributed_model` calls `_cast_module_mixed_precision`: "Cast params only; preserve
+    fp32 buffers"); its float32 master weights are made from those bfloat16 parameters. Loading in bfloat16 gives
+    the same parameters and the same float32 buffers (transformers computes the rotary tables in float32 whatever
+    the dtype; tests/test_config.py checks it), and a rank does not hold 4 bytes per parameter on the host before
+    the cast: 59 GB for Qwen2.5-14B, 8 ranks at once on an 8-GPU node. On the CPU the dtype is float32.
     """
     return AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
 
@@ -199,7 +201,7 @@ def restore(run: Run) -> None:
         for name in ("metrics.jsonl", "samples.jsonl"):
             truncate_log(run.out / name, run.step)
     # vLLM started from the original weights: give it the restored ones.
-    if run.cfg.lora_rank:
+    if lora.is_lora(run.engine.module):
         lora.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter)
     else:
         weight_sync.push(run.llm, run.engine.module, run.cfg.zero_stage)
@@ -249,6 +251,7 @@ def train_step(run: Run) -> Step:
 
     # 5. Loss and backward per micro-batch; DeepSpeed applies the update at the last one of a pass. A pass is
     #    repeated num_iterations (μ) times on the same rollout: from the second pass on, π_θ ≠ π_old.
+    #    Differs from CANOE (docs/differences.md, D15): optional loss variants (μ among them), all off by default.
     losses = []
     for _ in range(cfg.num_iterations if totals else 0):
         for batch in batches:
@@ -266,6 +269,7 @@ def train_step(run: Run) -> Step:
 
 def sampling(run: Run) -> dict[str, Any]:
     cfg = run.cfg
+    # Differs from CANOE (docs/differences.md, D8): sampling is seeded per step, stage and rank.
     return dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_tokens, seed=cfg.seed,
                 step=run.step, rank=run.rank, lora_request=run.adapter.request if run.adapter else None)
 
@@ -359,7 +363,11 @@ class Batch:
 
 
 def micro_batches(run: Run, rows: list[dict], completions, advantages: torch.Tensor, kept: torch.Tensor) -> list[Batch]:
-    """Micro-batches of prompts_per_device prompts, each packed with every prompt once (packing.py)."""
+    """Micro-batches of prompts_per_device prompts, each packed with every prompt once (packing.py).
+
+    Differs from CANOE (docs/differences.md, D11): each prompt is scored once per micro-batch, not once per
+    completion.
+    """
     M, G = run.cfg.sequences_per_micro_batch, run.cfg.num_generations
     batches = []
     for start in range(0, len(completions), M):
@@ -391,7 +399,10 @@ def reference_logprobs(run: Run, batches: list[Batch]) -> None:
 @timed("old_logprobs")
 @torch.no_grad()
 def old_logprobs(run: Run, batches: list[Batch]) -> None:
-    """π_old before the first update. With μ = 1 the first pass's own (detached) values are π_old, for free."""
+    """π_old before the first update. With μ = 1 the first pass's own (detached) values are π_old, for free.
+
+    Differs from CANOE (docs/differences.md, D12): the loss takes π_old as an argument.
+    """
     if run.cfg.num_iterations > 1:
         run.engine.train()  # as in the training passes
         for batch in batches:
@@ -400,6 +411,8 @@ def old_logprobs(run: Run, batches: list[Batch]) -> None:
 
 def loss_denominators(kept: torch.Tensor, batches: list[Batch]) -> dict[str, float] | None:
     """Global denominators, so that the micro-batch losses add up to the loss of the whole batch (grpo_loss.py).
+
+    Differs from CANOE (docs/differences.md, D14): the loss does not depend on the micro-batch split.
 
     DeepSpeed averages gradients over ranks, so each rank's share is scaled to the mean over ranks. None when no
     rank kept any sequence (possible with skip_zero_variance_groups or mask_truncated): the step then trains
@@ -441,9 +454,10 @@ def skip_or_stop_on_bad_step(run: Run, losses: list[torch.Tensor]) -> None:
     """Count a step whose update DeepSpeed skipped, and stop when `max_bad_steps` come in a row.
 
     DeepSpeed skips an update with non-finite gradients without a word (ZeRO-1/2: deepspeed/runtime/zero/
-    stage_1_and_2.py lines 3028-3030 and 3042-3044; ZeRO-3: runtime/zero/stage3.py lines 2882-2894), and then
-    `was_step_applied()` is False and the LR schedule stalls (runtime/engine.py lines 3534-3545). A finite loss
-    can have non-finite gradients, so the skip is read from the engine, reduced over ranks with the loss check.
+    stage_1_and_2.py, `DeepSpeedZeroOptimizer.step`; ZeRO-3: runtime/zero/stage3.py,
+    `DeepSpeedZeroOptimizer_Stage3.step`), and then `was_step_applied()` is False and the LR schedule stalls
+    (runtime/engine.py, `DeepSpeedEngine._take_model_step`). A finite loss can have non-finite gradients, so the
+    skip is read from the engine, reduced over ranks with the loss check.
     """
     skipped = not run.engine.was_step_applied()
     nonfinite = float(not all(bool(torch.isfinite(loss)) for loss in losses))
@@ -475,11 +489,13 @@ def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
     With sleep mode the engine arrives asleep (step 1 put it to sleep): its weights are woken first, because a
     push into a sleeping engine faults on unmapped memory (or, at level 1, is undone by the host copy put back at
     wake-up), then the KV cache, which the probe needs. The engine leaves awake, ready for the next rollout.
+
+    Differs from CANOE (docs/differences.md, D7): every weight push into vLLM is verified.
     """
     weight_sync.wake_weights(run.llm, run.sleep)
     sums = weight_sync.WeightSums()
     summing = {"sums": sums if run.checksum else None, "dtype": run.checksum}
-    if run.cfg.lora_rank:  # the merged adapted projections, or the adapter (and W after a sleep discarded it)
+    if lora.is_lora(run.engine.module):  # the merged adapted projections, or the adapter (and W after a sleep)
         push_seconds = lora.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter, base=run.sleep,
                                  merged_push=run.merged_push, **summing)
     else:

@@ -19,7 +19,7 @@ and writes only those keys; a table such as `[rewards]`, if given, replaces the 
     num_iterations = 2
 
 The loss options beside CANOE's defaults (Dr. GRPO, DAPO, GSPO, truncated importance sampling) are documented in
-grpo_loss.py and listed in docs/loss-options.md; every default is the original CANOE run's.
+grpo_loss.py and listed in docs/loss-options.md; every default is the original CANOE run's (docs/differences.md, D15).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class Config:
     suite_max_tokens: int = _key(1024, "max new tokens per output in --eval --suite (the official evaluation's 1024)")
     max_prompt_tokens: int = _key(1024, "prompts longer than this (with the chat template) are handled by on_long_prompt")
     on_long_prompt: str = _key("drop", "drop (remove and report their ids) or error")
+    # Differs from CANOE (docs/differences.md, D9): the system prompt, a response prefix and an example can be set.
     system_prompt: str = _key("", "system prompt; empty = data.SYSTEM_PROMPT (CANOE's, docs/DESIGN.md)")
     response_prefix: str = _key("", "text that opens every answer, e.g. \"<think>\" (R1-Zero's prompt end)")
     example_problem: str = _key("", "a worked example's user turn (its own passage and question), shown before "
@@ -77,6 +78,7 @@ class Config:
     temperature: float = _key(0.9, "sampling temperature, stage 1 and stage 2")
     top_p: float = _key(1.0, "nucleus sampling, stage 1 and stage 2")
     dual: bool = _key(True, "run stage 2 (CANOE's do_long_answer); without it influence is always 0")
+    # Differs from CANOE (docs/differences.md, D16): vLLM shares each GPU with the trainer.
     vllm_gpu_memory_utilization: float = _key(0.7, "share of GPU memory vLLM may take (GPU only; `--plan-memory` shows what fits)")
     vllm_cpu_kv_cache_gib: float = _key(1.0, "vLLM KV cache size on a CPU, GiB")
     vllm_sleep: bool = _key(True, "release vLLM's memory during training where the platform supports it (CUDA)")
@@ -105,6 +107,7 @@ class Config:
     lora_dropout: float = _key(0.0, "dropout on the adapters' input while training (0 keeps the trainer's "
                                "log-probabilities equal to the sampler's)")
     lora_target_modules: list = _key(LORA_TARGETS, "modules (by name) that get adapters: the attention and MLP projections")
+    # Differs from CANOE (docs/differences.md, D17): vLLM receives new merged tensors or the adapter itself.
     lora_push: str = _key("auto", "how vLLM gets a LoRA policy: merged (W + s·B·A), adapter (vLLM's LoRA support: "
                           "W and the adapter apart, nothing lost to rounding) or auto (adapter on a GPU outside "
                           "float32, merged elsewhere: config.Config.pushes_adapter)")
@@ -112,7 +115,7 @@ class Config:
                                     "bfloat16 to W + s·B·A) or feedback (what one push's rounding left out is added "
                                     "to the next, so the update arrives on average; lora.MergedPush)")
     offload_optimizer: bool = _key(False, "keep optimizer state in CPU memory (DeepSpeed CPU Adam)")
-    # --- loss (grpo_loss.py; every default is the original CANOE run's)
+    # --- loss (grpo_loss.py; every default is the original CANOE run's; the options: docs/differences.md, D15)
     beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
     clip_eps_low: float = _key(0.2, "ε_low: the ratio is clipped below at 1 − ε_low")
     clip_eps_high: float = _key(0.2, "ε_high: the ratio is clipped above at 1 + ε_high")

@@ -14,12 +14,11 @@ What lives here (docs/DESIGN.md, "Data"), in reading order:
    the loader from the file extension and checks every row. CANOE's own training file loads as it is (its
    `message` column is kept like any extra field). `task_counts` summarises the `task` field.
 2. **Prompts.** `SYSTEM_PROMPT` says what the original CANOE code's system prompt says: the passage comes in
-   `<context>` tags, the instruction after two newlines, and the answer in three sections, each on its own line
-   as `- Name: <tag>what goes there</tag>`. The last line ends with `</answer>` and no period: the original's
-   ended with `</answer>.`, which shows the model a text that `format_reward` rejects. `prepare_prompts`
-   renders every prompt with the tokenizer's chat template and never truncates (that would cut the
-   `</context>` tag): a prompt longer than `max_prompt_tokens` is either dropped and reported
-   (`on_overflow="drop"`, with a warning) or an error (`on_overflow="error"`).
+   `<context>` tags, the instruction after two newlines, and the answer in three sections, each on its own line as
+   `- Name: <tag>what goes there</tag>`. Differs from CANOE (docs/differences.md, D9): no period after `</answer>`,
+   and the system prompt can be set in the config. `prepare_prompts` renders every prompt with the tokenizer's chat
+   template and never truncates (that would cut the `</context>` tag): a prompt longer than `max_prompt_tokens` is
+   either dropped and reported (`on_overflow="drop"`, with a warning) or an error (`on_overflow="error"`).
 3. **Batching.** `PromptSampler` gives each rank its own disjoint slice of every global batch, reshuffles
    every epoch from (seed, epoch), and saves/restores its position so a resumed run sees exactly the data it
    had not seen yet.
@@ -320,10 +319,8 @@ def task_counts(rows: Iterable[dict]) -> str:
 # 2. Prompts
 # --------------------------------------------------------------------------------------------------------------
 
-# The meaning of the original CANOE system prompt, one line per answer section. The last line ends with
-# "</answer>" and no period: the original's ended with "</answer>.", a text that format_reward rejects. "The
-# Assistant needs" fixes the original's grammar; "in complete sentences" asks for what the original describes as
-# the long answer's content.
+# The meaning of the original CANOE system prompt, one line per answer section.
+# Differs from CANOE (docs/differences.md, D9): no period after "</answer>", "needs to", "in complete sentences".
 SYSTEM_PROMPT = (
     "A conversation between User and Assistant. The user gives an instruction that consists of two parts: "
     "a passage and the actual instruction, separated by two newline characters.\n\n"
@@ -344,6 +341,7 @@ def build_messages(problem: str, system_prompt: str = SYSTEM_PROMPT, example: Se
 
     An example given as an earlier exchange about its own passage is a question already answered, not text to
     repeat: in the system prompt, its answer was given where a passage did not settle the question.
+    Differs from CANOE (docs/differences.md, D9): the system prompt and a worked example can be set in the config.
     """
     chat = [{"role": "system", "content": system_prompt}]
     if example:

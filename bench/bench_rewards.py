@@ -11,8 +11,8 @@
 The completions are generated from a seed in this script: integers, fractions and decimals, LaTeX (roots, sets,
 intervals, polynomials, matrices), short text answers as in CANOE's QA data, and ~1% hostile ones (None, a
 megabyte of text, `\\frac{` x 10,000, lone surrogates, a power tower, 300 nested parentheses, 2,000 `<answer>`
-tags). The two ways do not give identical rewards, by design (docs/DESIGN.md, "Deliberate differences from the
-original CANOE code"); the disagreements are counted.
+tags). The two ways do not give identical rewards, by design (docs/differences.md, D1-D3); the disagreements are
+counted.
 A last batch with four answers that hang math-verify (factorials of ten million) shows the deadline at work.
 
 Run: .venv/bin/python bench/bench_rewards.py [--n 10000] [--seed 0]

@@ -152,6 +152,7 @@ class DeadlinePool:
     `WORKER_JOBS` dicts. A job module may define `warm_up()`, run once per worker before it reports ready.
 
     `run` may be called from any thread; calls from several threads are serialised.
+    Differs from CANOE (docs/differences.md, D3): symbolic grading runs under a hard deadline in worker processes.
     """
 
     def __init__(self, modules: str | Sequence[str], workers: int = 2, deadline_s: float = 1.0,

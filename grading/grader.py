@@ -16,10 +16,7 @@ Two parts, one concern (deciding equivalence); `rewards.py` turns the verdicts i
    Plain numbers and fractions, and sets and intervals of them, are compared exactly in the caller's process
    (`settle_locally`), without math-verify; that is where most of the speed comes from, and it is stricter than
    math-verify, which rounds floats to 6 decimal places.
-   Deliberate differences from the original CANOE code: it parsed the whole completion (a number inside
-   `<think>` could score) and called `verify(pred, gold)`; we grade only the answer spans and pass gold first.
-   It also gave every completion to math-verify, with math-verify's default (signal-based) timeouts; we give it
-   only spans that read as math, under the hard deadline of part 2.
+   Differs from CANOE (docs/differences.md, D2): accuracy never turns words into symbols.
 
 2. `MathGrader`: the parallel, hard-deadline front end the trainer uses, for this grader and for the R1-Zero one
    (`r1_grader.py`). The cheap text/math decision runs in the caller's process; only math-looking pairs travel
@@ -127,6 +124,8 @@ def prepare_span(span: str) -> str:
 
 def reads_as_text(span: str) -> bool:
     """True if `span` (already through `prepare_span`) must be compared as a string, never symbolically.
+
+    Differs from CANOE (docs/differences.md, D2): the original gives every span to math-verify.
 
     >>> [reads_as_text(s) for s in ["Paris", "ab", "42", "2\\\\sqrt{2}", "1914-1918", "\\\\mbox{5}", "x^2-1"]]
     [True, True, False, False, True, True, False]
@@ -252,6 +251,7 @@ def _math_verify_whole(span: str) -> list:
 
 def canoe_math_equal(gold: str, pred: str) -> bool:
     """Worker job: math-verify equivalence of two prepared spans that passed `needs_math_verify`."""
+    # Differs from CANOE (docs/differences.md, D1): gold first, `verify(gold, pred)`, the order its rules expect.
     gold_parsed, pred_parsed = _math_verify_whole(gold), _math_verify_whole(pred)
     return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
@@ -285,6 +285,8 @@ _quiet_math_verify()
 
 class MathGrader:
     """Grade answer-span pairs in parallel worker processes, each pair under a hard deadline.
+
+    Differs from CANOE (docs/differences.md, D3): symbolic grading runs under a hard deadline in worker processes.
 
     Usage: `with MathGrader(workers=2, deadline_s=1.0) as grader: grader.equivalent_batch(golds, preds)`.
     Workers start in the background on construction and persist until `close()`.

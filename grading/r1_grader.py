@@ -14,10 +14,8 @@ Steps 2 and 3 can take seconds on hostile input, so they run in `grader.MathGrad
 deadline (`r1_worker_equal`, the job "r1" of `WORKER_JOBS`); `r1_grade` does step 1 in the caller's process and
 sends the rest there. This module is imported by those workers, so it must never import torch.
 
-Deliberate differences from the well-known implementation, which the worked cases (tests/cases/r1_zero_cases.json)
-mark as wrong: there `\sqrt[3]{2}` equals `\sqrt{2}` (the root's index is ignored) and `\frac{1+3}{2}` equals 2.5
-(the brackets are lost: 1+3/2); our parser keeps both. `\fbox` is read as a box like `\boxed` (worked case
-`fbox`), while `\mbox` is text, not math (worked case `mbox`).
+Differs from the well-known implementation (docs/differences.md, D18) where its worked cases
+(tests/cases/r1_zero_cases.json) call it wrong.
 """
 
 from __future__ import annotations
@@ -110,6 +108,9 @@ class _SympyParser:
     Grammar: sum := product (('+'|'-') product)* ; product := signed ((op | implicit) signed)* ;
     signed := ('-'|'+') signed | power ; power := atom ('^' atom)? ; atom := number | letter | \\pi | \\infty
     | (sum) | {sum} | \\frac{..}{..} | \\sqrt[n]{..}. Braces are kept, so \\frac{1+3}{2} is 2, never 2.5.
+
+    Differs from the well-known implementation (docs/differences.md, D18): a root's index and a numerator's braces
+    are kept.
     """
 
     def __init__(self, text: str):
@@ -309,6 +310,8 @@ def r1_latex_candidate(text: str) -> bool:
 
 def last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` or `\\fbox{...}`; None if it has no balanced braces.
+
+    Differs from the well-known implementation (docs/differences.md, D18): `\\fbox` is a box like `\\boxed`.
 
     >>> last_boxed("\\\\boxed{3} or \\\\boxed{\\\\frac{1}{2}}"), last_boxed("\\\\boxed{123")
     ('\\\\frac{1}{2}', None)

@@ -234,6 +234,8 @@ class MergedPush:
 def merged_weights(layer: LoraLayer, merged_push: MergedPush | None = None, name: str = "") -> dict[str, torch.Tensor]:
     """`{"weight": W + s·B·A, "bias": b}` of one adapted layer, as new tensors (the layer is not changed).
 
+    Differs from CANOE (docs/differences.md, D17): the merge is built in new tensors; W is never merged in place.
+
     By default the delta comes from PEFT's own `get_delta_weight` (the rule its `merge()` applies), summed over
     the active adapters, and is added in W's dtype. Outside float32, `merged_push` measures what arrives (under
     `name`) and, with feedback rounding, rounds Δ = s·B·A in float32 (`exact_delta`) with the residual instead
@@ -298,11 +300,12 @@ def policy_weights(model: torch.nn.Module, zero_stage: int, merged_push: MergedP
                    changed_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (Hugging Face name, full tensor) of every weight of the policy, as vLLM and a model folder hold them.
 
-    Every adapted module's merged weight W + s·B·A (`merged_weights`, rounded by `merged_push` outside float32) and every other parameter as it
-    is, under the base model's names; the adapters themselves are not yielded. With `changed_only` (a PEFT model)
-    only what training changes and what vLLM fuses with it (`changed_modules`). Under ZeRO-3 one module at a time
-    is gathered, and every rank must consume the iterator in step (a gather is a collective). A tied parameter is
-    yielded once (weight_sync.iter_full_parameters). A fully trained model's weights: weight_sync.iter_full_parameters.
+    Every adapted module's merged weight W + s·B·A (`merged_weights`, rounded by `merged_push` outside float32) and
+    every other parameter as it is, under the base model's names; the adapters themselves are not yielded. With
+    `changed_only` (a PEFT model) only what training changes and what vLLM fuses with it (`changed_modules`). Under
+    ZeRO-3 one module at a time is gathered, and every rank must consume the iterator in step (a gather is a
+    collective). A tied parameter is yielded once (weight_sync.iter_full_parameters). A fully trained model's
+    weights: weight_sync.iter_full_parameters.
     """
     sent = changed_modules(model) if changed_only else None
     adapted: list[str] = []  # names of LoRA layers seen so far: their sub-modules are inside the merge
@@ -327,8 +330,8 @@ def base_weights(model: PeftModel, zero_stage: int) -> Iterator[tuple[str, torch
     tied parameter is yielded once (`iter_full_parameters`).
 
     vLLM's in-place reload finds a LoRA-wrapped layer's weight under its plain name (vllm/model_executor/
-    model_loader/reload/inplace.py lines 21-29, `get_parameter_for_reload` steps into `base_layer`, and lines
-    65-68 list the parameters with ".base_layer." removed when LoRA is on).
+    model_loader/reload/inplace.py: `get_parameter_for_reload` steps into `base_layer`, and `reload_weights` lists
+    the parameters with ".base_layer." removed when LoRA is on).
     """
     seen: set[int] = set()
     for module_name, module in model.named_modules():
@@ -343,20 +346,22 @@ class AdapterPush:
 
     vLLM computes W·x + s·B·(A·x) with the adapter kept apart from W (`LLM(enable_lora=True)`, rollout.make_engine),
     so an update too small to change a bfloat16 W reaches the samples exactly (a merged push delivers it only on
-    average over pushes, `MergedPush`). Each push writes the adapter in PEFT's format into a folder of this rank's and loads it as
-    a NEW adapter id: vLLM loads an id once and then only reuses it (vllm/lora/worker_manager.py lines 289-330,
-    LRUCacheWorkerLoRAManager.add_adapter: an id already in the cache is not read again unless `load_inplace`,
+    average over pushes, `MergedPush`). Each push writes the adapter in PEFT's format into a folder of this rank's
+    and loads it as a NEW adapter id: vLLM loads an id once and then only reuses it (vllm/lora/worker_manager.py,
+    `LRUCacheWorkerLoRAManager.add_adapter`: an id already in the cache is not read again unless `load_inplace`,
     and `load_inplace` would re-read the folder at every scheduler step, since the adapters of a batch are
-    applied with add_adapter on each model run, lines 274-287). The engine keeps one adapter (max_loras and
-    max_cpu_loras 1, vllm/config/lora.py lines 35-44 and 120-121), so loading the new one evicts the previous one
-    (worker_manager.py lines 311-315); the push checks that the engine holds exactly the new id and raises
+    applied with add_adapter on each model run, `LRUCacheWorkerLoRAManager._apply_adapters`). The engine keeps
+    one adapter (max_loras and max_cpu_loras 1, vllm/config/lora.py, `LoRAConfig` and
+    `LoRAConfig._validate_lora_config`), so loading the new one evicts the previous one (worker_manager.py,
+    `LRUCacheWorkerLoRAManager.add_adapter`); the push checks that the engine holds exactly the new id and raises
     WeightSyncError otherwise. Every request then names it (`request`, passed as `lora_request` to
     `LLM.generate`). The LoRA slots are allocated while the model loads, in the "weights" memory pool
-    (vllm/v1/worker/gpu_worker.py lines 587-594, the model runner's `load_lora_model`, gpu_model_runner.py line
-    5067), so a level-2 sleep discards them with the weights; the new id is activated into its slot when it is
-    added, after the weights are woken (canoe.push_and_verify's order), so the slot is rewritten then. With LoRA
-    in vLLM the adapter's own values are held in the engine's dtype (lora_dtype "auto", vllm/config/lora.py lines
-    138-139): relative rounding of the adapter, not of W + s·B·A.
+    (vllm/v1/worker/gpu_worker.py, `Worker.load_model`, and the model runner's `load_lora_model`, called from
+    gpu_model_runner.py, `GPUModelRunner.load_model`), so a level-2 sleep discards them with the weights; the new
+    id is activated into its slot when it is added, after the weights are woken (canoe.push_and_verify's order),
+    so the slot is rewritten then. With LoRA in vLLM the adapter's own values are held in the engine's dtype
+    (lora_dtype "auto", vllm/config/lora.py, `LoRAConfig.verify_with_model_config`): relative rounding of the
+    adapter, not of W + s·B·A.
     """
 
     def __init__(self, folder):
@@ -410,6 +415,7 @@ def push(llm, model: PeftModel, zero_stage: int, *, adapter: AdapterPush | None 
     """A LoRA policy into the engine; returns seconds. `sums` adds up what the engine should now hold, cast
     to the engine's `dtype`, for `check_weight_sums`. `base` says the engine lost its weights (a level-2 sleep
     discards them) and needs all of them.
+    Differs from CANOE (docs/differences.md, D17): vLLM receives new merged tensors or the adapter itself.
 
     Without `adapter`: `policy_weights`, the merged W + s·B·A, rounded with error
     feedback outside float32, and, unless `base`, only what training changes (`MergedPush`); the frozen rest is

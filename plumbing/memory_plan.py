@@ -2,20 +2,19 @@
 
     python canoe.py --config recipes/llama3.1-8b.toml --plan-memory [--gpu-gib 80] [--world-size 8]
 
-The original CANOE recipes ran vLLM on a GPU of its own with `gpu_memory_utilization` 0.7 (14B: 0.15). Here the
-engine lives in every training process (rollout.py), and vLLM 0.32 refuses to start unless the device's free
-memory is at least total × `gpu_memory_utilization` (`request_memory`, vllm/v1/worker/utils.py lines 716-772,
-called at start-up from vllm/v1/worker/gpu_worker.py lines 534-537). The engine is created after the trainer has
-allocated (canoe.setup), so its share must fit in what the policy, its gradients and optimizer state and the
-reference model leave free; the plan below derives that share, and each recipe's `vllm_gpu_memory_utilization`
-comes from it (a named deviation: docs/DESIGN.md, "Deliberate differences", 15).
+The engine lives in every training process (rollout.py), and vLLM 0.32 refuses to start unless the device's free
+memory is at least total × `gpu_memory_utilization` (vllm/v1/worker/utils.py, `request_memory`, called at start-up
+from vllm/v1/worker/gpu_worker.py, `Worker.init_device`). The engine is created after the trainer has allocated
+(canoe.setup), so its share must fit in what the policy, its gradients and optimizer state and the reference model
+leave free; the plan below derives that share, and each recipe's `vllm_gpu_memory_utilization` comes from it.
+Differs from CANOE (docs/differences.md, D16): vLLM shares each GPU with the trainer, with a share from this plan.
 
 Per GPU, with P parameters, w bytes per value of the training dtype and W ranks (ZeRO partitions over W):
 
     resident all step      policy weights      w·P (ZeRO-2)            w·P/W (ZeRO-3)
                            gradients           w·P/W partition + 4·P/W float32 copy at the step + the reduce
-                                               bucket (DeepSpeed stage_1_and_2.py line 3118; with offload only
-                                               the bucket stays on the GPU)
+                                               bucket (DeepSpeed stage_1_and_2.py, `DeepSpeedZeroOptimizer.step`;
+                                               with offload only the bucket stays on the GPU)
                            optimizer state     12·P/W (float32 master weights and two Adam moments; 0 with offload)
                            ZeRO-3 gathering    stage3_max_live_parameters · w (DeepSpeed's default 1e9)
                            reference model     w·P (ZeRO-2: a plain copy on every GPU)  w·P/W (ZeRO-3); 0 when β = 0
@@ -62,12 +61,14 @@ GIB = 2**30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 ADAM_BYTES = 12  # float32 master weights, first and second moment, per parameter
 FP32_GRAD_BYTES = 4  # the float32 gradient partition the optimizer steps on
-REDUCE_BUCKET = 5 * 10**8  # DeepSpeed's reduce_bucket_size default (deepspeed/runtime/zero/config.py line 113)
-MAX_LIVE_PARAMETERS = 10**9  # DeepSpeed's stage3_max_live_parameters default (same file, line 245)
+# DeepSpeed's reduce_bucket_size and stage3_max_live_parameters defaults (deepspeed/runtime/zero/config.py,
+# `DeepSpeedZeroConfig`).
+REDUCE_BUCKET = 5 * 10**8
+MAX_LIVE_PARAMETERS = 10**9
 CUDA_RESERVE = 2 * GIB  # CUDA context, NCCL buffers and allocator fragmentation, per GPU (an allowance)
 # vLLM's working memory: its profile run at max_num_batched_tokens (16384 for the LLM class on a GPU of 70 GiB or
-# more, vllm/engine/arg_utils.py lines 2933-2941) keeps one layer's gate/up/act output, its sampler warm-up holds
-# float32 logits for max_num_seqs (1024) sequences, forward and softmax; CUDA graphs get an allowance.
+# more, vllm/engine/arg_utils.py, `EngineArgs.get_batch_defaults`) keeps one layer's gate/up/act output, its sampler
+# warm-up holds float32 logits for max_num_seqs (1024) sequences, forward and softmax; CUDA graphs get an allowance.
 VLLM_BATCHED_TOKENS = 16384
 VLLM_MAX_SEQS = 1024
 CUDA_GRAPHS = 1 * GIB
@@ -268,7 +269,8 @@ def plan_memory(cfg, arch: Architecture, *, world_size: int, total_bytes: float,
     working = VLLM_BATCHED_TOKENS * 3 * arch.intermediate * width + 2 * VLLM_MAX_SEQS * arch.vocab * 4 + CUDA_GRAPHS
     parts["vLLM: weights"] = (width * P, "rollout")
     parts["vLLM: working memory"] = (working, "rollout")
-    kv_cache = max(0.0, share * total_bytes - width * P - working)  # vLLM sizes it so (gpu_worker.py line 741)
+    # vLLM sizes the KV cache so (vllm/v1/worker/gpu_worker.py, `Worker.determine_available_memory`).
+    kv_cache = max(0.0, share * total_bytes - width * P - working)
     parts["vLLM: KV cache (the rest of its share)"] = (kv_cache, "rollout")
     return Plan(parts, total_bytes, share, sleep, kv_cache, kv_per_token=2 * arch.layers * arch.kv_dim * width,
                 sequence_tokens=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens)

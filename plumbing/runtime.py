@@ -49,11 +49,12 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
 
     `timeout_minutes` (the config's `dist_timeout_minutes`) is how long any collective of the group may wait.
     DeepSpeed 0.19.8 gives its group 10 minutes unless DEEPSPEED_TIMEOUT says otherwise
-    (deepspeed/constants.py line 19, the default of `init_distributed`'s `timeout`, deepspeed/comm/comm.py line
-    848, passed to `torch.distributed.init_process_group` in deepspeed/comm/torch.py lines 266-268). A checkpoint
-    makes every other rank wait while rank 0 writes `policy/` (16-30 GB for the 8B-14B recipes): DeepSpeed's
-    `save_checkpoint` opens with a barrier on this group (deepspeed/runtime/engine.py line 4900), so on slow
-    shared storage the default would end the run with a timeout.
+    (deepspeed/constants.py, `default_pg_timeout`, the default of `init_distributed`'s `timeout` in
+    deepspeed/comm/comm.py, passed to `torch.distributed.init_process_group` in deepspeed/comm/torch.py,
+    `TorchBackend.init_process_group`). A checkpoint makes every other rank wait while rank 0 writes `policy/`
+    (16-30 GB for the 8B-14B recipes): DeepSpeed's `save_checkpoint` opens with a barrier on this group
+    (deepspeed/runtime/engine.py, `DeepSpeedEngine.save_checkpoint`), so on slow shared storage the default would
+    end the run with a timeout.
     """
     single_process_defaults()
     if timeout_minutes is None:
@@ -115,18 +116,17 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
 
     A backend serves only the device types it is registered for, and a tensor on any other type is refused ("No
     backend type associated with device type cpu"). On CUDA, DeepSpeed 0.19.8 creates the group with NCCL
-    (deepspeed/accelerator/cuda_accelerator.py line 34 and `communication_backend_name`, lines 261-262;
-    deepspeed/comm/comm.py lines 906-910: `dist_backend = get_accelerator().communication_backend_name()`, then
-    deepspeed/comm/torch.py line 282: `torch.distributed.init_process_group(backend, ...)`),
-    and torch 2.13 registers NCCL for "cuda" only (torch/distributed/distributed_c10d.py lines 304-318:
-    `default_device_backend_map`, `backend_capability`; lines 2098-2323: `_new_process_group_helper` registers one
-    backend per device type, `pg._register_backend(torch.device(device), ...)`). On a CPU, gloo serves "cpu" (and
-    "cuda"). So the tensors go where the group's backend is: torch's own rule for object collectives,
-    `_get_object_coll_device` (distributed_c10d.py lines 865-928, reading the group's `_device_types`: its one
-    device type, or "cpu" when the group serves "cpu" among others), which all_gather_object and
-    broadcast_object_list use to place their tensors (lines 3500 and 4012; `_object_to_tensor` moves them with
-    `.to(device)`, line 3410). The device carries no index: "cuda" is the current device, which canoe.setup sets
-    to the rank's own GPU right after joining the group.
+    (deepspeed/accelerator/cuda_accelerator.py, `CUDA_Accelerator.__init__` and `communication_backend_name`;
+    deepspeed/comm/comm.py, `init_distributed`: `dist_backend = get_accelerator().communication_backend_name()`,
+    then deepspeed/comm/torch.py, `TorchBackend.init_process_group`: `torch.distributed.init_process_group(backend,
+    ...)`), and torch 2.13 registers NCCL for "cuda" only (torch/distributed/distributed_c10d.py, `Backend`:
+    `default_device_backend_map`, `backend_capability`; `_new_process_group_helper` registers one backend per
+    device type, `pg._register_backend(torch.device(device), ...)`). On a CPU, gloo serves "cpu" (and "cuda"). So
+    the tensors go where the group's backend is: torch's own rule for object collectives, `_get_object_coll_device`
+    (distributed_c10d.py, reading the group's `_device_types`: its one device type, or "cpu" when the group serves
+    "cpu" among others), which all_gather_object and broadcast_object_list use to place their tensors
+    (`_object_to_tensor` moves them with `.to(device)`). The device carries no index: "cuda" is the current device,
+    which canoe.setup sets to the rank's own GPU right after joining the group.
     """
     return torch.device(dist.distributed_c10d._get_object_coll_device(group))
 
@@ -189,30 +189,32 @@ def route_logs(out: Path, rank: int, *, verbose: bool = False) -> dict[str, Path
     Call it before the vLLM engine is made. How the two libraries log (vLLM 0.32.0, DeepSpeed 0.19.8):
 
     * vLLM logs through the "vllm" logger and its children. Its handler comes from vLLM's own `dictConfig`,
-      `DEFAULT_LOGGING_CONFIG` (vllm/logger.py lines 75-109): one StreamHandler named "vllm" on
-      `VLLM_LOGGING_STREAM` (stdout by default, vllm/envs.py line 854) at `VLLM_LOGGING_LEVEL` (INFO, line 852),
-      on the "vllm" logger at that level with `propagate: False`. It is applied not when vLLM is imported but
-      when an engine is made: `LLM(...)` calls `configure_logging_if_needed(engine_args.create_logging_config())`
-      (vllm/entrypoints/llm.py line 339; again engine/arg_utils.py line 2215, v1/engine/llm_engine.py line 68),
-      which applies the config only if it differs from the last one applied in this process (vllm/logger.py
-      lines 306-309). Applying it replaces the logger's handlers (`dictConfig` removes every handler of a logger
-      it configures: Python 3.11 logging/config.py lines 795-797), so a handler set before the engine exists
+      `DEFAULT_LOGGING_CONFIG` (vllm/logger.py): one StreamHandler named "vllm" on `VLLM_LOGGING_STREAM` (stdout
+      by default) at `VLLM_LOGGING_LEVEL` (INFO; both in vllm/envs.py, `environment_variables`), on the "vllm"
+      logger at that level with `propagate: False`. It is applied not when vLLM is imported but when an engine is
+      made: `LLM(...)` calls `configure_logging_if_needed(engine_args.create_logging_config())`
+      (vllm/entrypoints/llm.py, `LLM.__init__`; again engine/arg_utils.py, `EngineArgs.create_engine_config`, and
+      v1/engine/llm_engine.py, `LLMEngine.__init__`), which applies the config only if it differs from the last
+      one applied in this process (vllm/logger.py, `configure_logging_if_needed`). Applying it replaces the
+      logger's handlers (`dictConfig` removes every handler of a logger it configures: Python 3.11
+      logging/config.py, `DictConfigurator.common_logger_config`), so a handler set before the engine exists
       would be dropped. Hence vLLM's config is applied here first, the same `LoggingConfig()` the engine builds
-      (vllm/config/logging.py lines 26-44; `create_logging_config`, engine/arg_utils.py lines 2195-2203, gives
+      (vllm/config/logging.py, `LoggingConfig`; engine/arg_utils.py, `EngineArgs.create_logging_config`, gives
       that default when no logging argument is passed, and rollout.make_engine passes none), and the logger is
       then re-handled: a FileHandler at vLLM's level, vLLM's terminal handler raised to ERROR. The engine's own
       calls find that config applied already and leave the handlers alone. Before this call vLLM has no handler
-      (lines logged at vLLM's import reach Python's last-resort handler, warnings on stderr, as before).
-      `VLLM_CONFIGURE_LOGGING=0` and `VLLM_LOGGING_CONFIG_PATH` (vllm/envs.py lines 847-850) stay the user's:
-      only stream handlers are raised (not a FileHandler), any other handler is kept as it is.
+      (lines logged at vLLM's import reach Python's last-resort handler: warnings on stderr).
+      `VLLM_CONFIGURE_LOGGING=0` and `VLLM_LOGGING_CONFIG_PATH` (vllm/envs.py, `environment_variables`) stay the
+      user's: only stream handlers are raised (not a FileHandler), any other handler is kept as it is.
     * DeepSpeed logs through its "DeepSpeed" logger, made at import by `LoggerFactory.create_logger` at WARNING,
-      with one StreamHandler on stdout and `propagate = False` (deepspeed/utils/logging.py lines 42-48, 61): in
-      this process it shows warnings only. Here the logger is lowered to INFO, INFO and above go to its own file
-      (so that vllm.log holds vLLM alone) and its stdout handler stays at WARNING, in both modes. A `log_level`
-      in the DeepSpeed config would reset the logger and its handlers (deepspeed/runtime/engine.py lines
-      584-585, utils/logging.py lines 193-205); optimizer.deepspeed_config sets none.
+      with one StreamHandler on stdout and `propagate = False` (deepspeed/utils/logging.py,
+      `LoggerFactory.create_logger` and the module's `logger`): in this process it shows warnings only. Here the
+      logger is lowered to INFO, INFO and above go to its own file (so that vllm.log holds vLLM alone) and its
+      stdout handler stays at WARNING, in both modes. A `log_level` in the DeepSpeed config would reset the logger
+      and its handlers (deepspeed/runtime/engine.py, `DeepSpeedEngine.__init__`, calls utils/logging.py,
+      `set_log_level_from_string`); optimizer.deepspeed_config sets none.
     * The "[INFO] [runner.py:...]" and "[INFO] [launch.py:...]" lines come from the `deepspeed` launcher's own
-      processes, at its `--log_level` (default "info", deepspeed/launcher/runner.py lines 198-200), out of this
+      processes, at its `--log_level` (default "info", deepspeed/launcher/runner.py, `parse_args`), out of this
       process's reach: `deepspeed --log_level warning canoe.py ...` quiets them.
     """
     out.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,8 @@ file is the whole path, in the order a step takes it:
 4. **Memory hand-over** on CUDA: vLLM sleeps at level 2 from the end of sampling until the push
    (`sleep_engine`), then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
 
-canoe.push_and_verify calls these in that order. Every push is verified; the original CANOE code trusted the sync
-(docs/differences.md, D7).
+canoe.push_and_verify calls these in that order.
+Differs from CANOE (docs/differences.md, D7): every weight push into vLLM is verified.
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ def iter_full_parameters(model: torch.nn.Module, zero_stage: int) -> Iterator[tu
     A parameter held by two modules (a tied input embedding and output head: `tie_word_embeddings`, Qwen2.5 up to
     3B, Llama-3.2, SmolLM2) is yielded once, under its first name (`model.embed_tokens.weight`), on both paths:
     `named_parameters` skips repeats itself (torch/nn/modules/module.py, `_named_members` with remove_duplicate),
-    and the module walk keeps the ids it has seen. vLLM makes the head the embedding's Parameter (qwen2.py line
-    487, llama.py line 510, vllm/model_executor/models/) and loads a tied tensor under one name only (utils.py
-    lines 255-259, `AutoWeightsLoader`), so the engine's `parameters()` hold it once too (`check_weight_sums`).
+    and the module walk keeps the ids it has seen. vLLM makes the head the embedding's Parameter
+    (vllm/model_executor/models/, `Qwen2ForCausalLM.__init__` in qwen2.py and `LlamaForCausalLM.__init__` in
+    llama.py) and loads a tied tensor under one name only (utils.py, `AutoWeightsLoader.__init__`), so the
+    engine's `parameters()` hold it once too (`check_weight_sums`).
     """
     if zero_stage < 3:
         for name, param in model.named_parameters():
@@ -237,6 +238,7 @@ def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence
 def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tolerance: float) -> float:
     """Raise WeightSyncError unless the two `(T,)` log-probability vectors agree within `tolerance` (max |Δ|).
 
+    Differs from CANOE (docs/differences.md, D7): every weight push into vLLM is verified.
     Returns the max absolute difference (logged every step as `sync/push_max_abs_diff`).
     """
     assert vllm_logprobs.shape == trainer_logprobs.shape, (vllm_logprobs.shape, trainer_logprobs.shape)
@@ -258,11 +260,11 @@ class WeightSums:
     """Σw, Σ|w| and Σw² in float64 over a set of weight tensors: a checksum of a push that needs no name mapping.
 
     vLLM holds some weights fused (q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj`) and pads the
-    vocabulary rows of the embedding with zeros at every load (vllm/model_executor/layers/vocab_parallel_embedding.py
-    lines 519-520), so its parameters are not the pushed tensors one for one, but sums over them are the same:
-    the sums over what the trainer pushed equal the sums over the engine's parameters exactly when every pushed
-    value landed (up to float64 summation order, ~1e-15 relatively). Computed in chunks, so that no float64 copy
-    of a whole tensor is made.
+    vocabulary rows of the embedding with zeros at every load
+    (vllm/model_executor/layers/vocab_parallel_embedding.py, `VocabParallelEmbedding.weight_loader`), so its
+    parameters are not the pushed tensors one for one, but sums over them are the same: the sums over what the
+    trainer pushed equal the sums over the engine's parameters exactly when every pushed value landed (up to float64
+    summation order, ~1e-15 relatively). Computed in chunks, so that no float64 copy of a whole tensor is made.
     """
 
     total: float = 0.0
@@ -319,16 +321,18 @@ def engine_weight_sums(llm) -> WeightSums:
 def check_weight_sums(pushed: WeightSums, engine: WeightSums, tolerance: float = WEIGHT_SUMS_TOLERANCE) -> float:
     """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns the larger relative gap.
 
+    Differs from CANOE (docs/differences.md, D7): every weight push into vLLM is verified.
+
     What it detects: any pushed value that did not land as sent (a stale or partial push, a push into an engine
     whose memory was remapped, weights that vLLM changed after loading). Σw and Σw² both move unless the changes
     cancel in both, which a step's update does not do: in bfloat16 a weight that changes moves by one rounding step
     (2^-8 of its size), so a step that changes K of N weights of mean square w² moves Σw² by about
-    2^-7 · sqrt(K) · w², a relative change of ~1e-8 for K = 1e6 of N = 8e9, far above the tolerance (1e-10) and
-    far below what the probe can see. What it cannot detect: an engine that computes wrongly from the right
-    weights (stale packed CPU kernels, an adapter applied wrongly) and weights vLLM holds that are not pushed; the
-    probe (`check_sync`) covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not
-    parameters (vllm/lora/layers/base_linear.py line 133), so with the adapter pushed apart the sums cover W; the
-    adapter is checked by its id (`AdapterPush`).
+    2^-7 · sqrt(K) · w², a relative change of ~1e-8 for K = 1e6 of N = 8e9, far above the tolerance (1e-10) and far
+    below what the probe can see. What it cannot detect: an engine that computes wrongly from the right weights
+    (stale packed CPU kernels, an adapter applied wrongly) and weights vLLM holds that are not pushed; the probe
+    (`check_sync`) covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not parameters
+    (vllm/lora/layers/base_linear.py, `BaseLinearLayerWithLoRA.create_lora_weights`), so with the adapter pushed
+    apart the sums cover W; the adapter is checked by its id (`AdapterPush`).
     """
     gap = max(abs(pushed.total - engine.total) / max(pushed.absolute, 1e-30),
               abs(pushed.squares - engine.squares) / max(pushed.squares, 1e-30))
@@ -354,11 +358,12 @@ def sleep_engine(llm, enabled: bool) -> None:
 
     The engine stays asleep through the update; `wake_weights`, the push and `wake_kv_cache` follow, in that order,
     so that weights are only ever written into mapped memory. Level 2 rather than 1: at level 1 vLLM copies every
-    weight allocation to a host buffer at each sleep and copies it back at wake-up (vllm/device_allocator/cumem.py
-    lines 265-276 and 352-360; vllm/device_allocator/sleep_mode_backend.py lines 127-137), about 15 GiB each way
-    per rank and step for an 8B model in bfloat16, and what comes back is the pre-update copy that the push
-    overwrites in full. At level 2 only the module buffers (rotary tables) are kept on the host and put back when
-    the weights wake (vllm/v1/worker/gpu_worker.py lines 300-310 and 340-346); every parameter is pushed.
+    weight allocation to a host buffer at each sleep and copies it back at wake-up (vllm/device_allocator/cumem.py,
+    `CuMemAllocator.sleep` and `CuMemAllocator.wake_up`; vllm/device_allocator/sleep_mode_backend.py,
+    `CuMemBackend.suspend`), about 15 GiB each way per rank and step for an 8B model in bfloat16, and what comes
+    back is the pre-update copy that the push overwrites in full. At level 2 only the module buffers (rotary tables)
+    are kept on the host and put back when the weights wake (vllm/v1/worker/gpu_worker.py, `Worker.sleep` and
+    `Worker.wake_up`); every parameter is pushed.
     """
     if enabled:
         llm.sleep(level=2)
@@ -371,6 +376,7 @@ def wake_weights(llm, enabled: bool) -> None:
 
 
 def wake_kv_cache(llm, enabled: bool) -> None:
-    """Map the KV cache again; vLLM serves requests only once nothing sleeps (vllm/v1/engine/core.py 1012-1016)."""
+    """Map the KV cache again; vLLM serves requests only once nothing sleeps (vllm/v1/engine/core.py,
+    `EngineCore.wake_up`)."""
     if enabled:
         llm.wake_up(tags=["kv_cache"])

@@ -80,7 +80,7 @@ def test_the_device_is_the_one_the_group_serves():
     # gloo alone serves cpu and cuda; gloo for cuda alone is NCCL's case; with cpu among several, cpu (no copy)
     assert result["devices"] == {"gloo": "cpu", "cuda:gloo": "cuda", "cpu:gloo,cuda:gloo": "cpu",
                                  f"{ACCEL}:gloo": ACCEL}
-    # torch itself, no test machinery: a group that serves no cpu refuses a CPU tensor (today's code did this)
+    # torch itself, no test machinery: a group that serves no cpu refuses a CPU tensor (the code under test did this)
     assert "No backend type associated with device type cpu" in result["cpu_tensor_on_cuda_group"]
 
 

@@ -143,7 +143,8 @@ def test_rewards_table_sets_names_and_weights(tmp_path):
 
 
 def run_canoe(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess:
-    config = write(tmp_path, config_text)
+    # a run that gets far enough writes its output folder: never the repository's runs/default
+    config = write(tmp_path, f'output_dir = "{tmp_path / "run"}"\n' + config_text)
     return subprocess.run([sys.executable, str(ROOT / "canoe.py"), "--config", str(config)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
 
@@ -190,7 +191,7 @@ def test_deepspeed_batch_arithmetic():
 
 def test_the_optimizer_is_torchs_fused_adamw_on_a_gpu_too(monkeypatch):
     """DeepSpeed's FusedAdam compiles a CUDA kernel at first use (nvcc needed); with `torch_adam` DeepSpeed's own
-    selection (engine.py lines 2377-2409, called as it is here) returns torch's AdamW, and `fused` reaches it."""
+    selection (engine.py, `DeepSpeedEngine.get_optimizer_configuration`, called as it is here) returns torch's AdamW, and `fused` reaches it."""
     from deepspeed.ops.adam import FusedAdam
     from deepspeed.runtime.engine import DeepSpeedEngine
 
@@ -301,12 +302,12 @@ def test_a_data_field_named_like_a_reward_keyword_is_refused(field):
     preflight.check_reward_fields(rows[:1], "train.jsonl")  # no clash: nothing raised
 
 
-# --- the GPU path's set-up (issue 30, item 5)
+# --- the GPU path's set-up
 
 
 def test_the_policy_loads_in_the_training_dtype_with_what_deepspeed_would_have_made_of_float32(tmp_path, process_group):
     """Loading in bfloat16 gives DeepSpeed's engine the same parameters and float32 buffers as loading in float32
-    and letting the engine cast (engine.py lines 2080-2088), without the float32 copy on the host."""
+    and letting the engine cast (engine.py, `DeepSpeedEngine._configure_distributed_model`), without the float32 copy on the host."""
     import deepspeed
 
     tiny_model().save_pretrained(tmp_path)
@@ -326,7 +327,7 @@ def test_the_policy_loads_in_the_training_dtype_with_what_deepspeed_would_have_m
 
 
 def test_the_process_group_timeout_is_the_configs(monkeypatch, tmp_path):
-    """DeepSpeed's group times out after 10 minutes by default (deepspeed/constants.py line 19); a checkpoint's
+    """DeepSpeed's group times out after 10 minutes by default (deepspeed/constants.py, `default_pg_timeout`); a checkpoint's
     policy/ written by rank 0 on slow storage keeps the other ranks in a barrier longer than that."""
     import datetime
 

@@ -1,4 +1,4 @@
-"""The training dtype (issue 35, item 1): which one `auto` picks, what each part of the trainer holds in it, and the
+"""The training dtype: which one `auto` picks, what each part of the trainer holds in it, and the
 push check's tolerance. All of it runs on any CPU: the choice is a pure function of the hardware's flags, and
 bfloat16 tensors compute (emulated where the CPU lacks the instructions) on every x86 CPU.
 """

@@ -3,19 +3,18 @@
 `canoe.skip_or_stop_on_bad_step` counts a step whose update DeepSpeed skipped (a non-finite loss, or non-finite
 gradients from a finite one) and stops the run if a non-finite loss's update was applied. Whether DeepSpeed skips
 in bfloat16 is read in its source, and this file runs it (real engines, one CPU rank, in this process):
-- ZeRO-3: `DeepSpeedZeroOptimizer_Stage3.step` checks overflow by the gradient values only in fp16
-  (deepspeed/runtime/zero/stage3.py lines 2811-2820, `_overflow_check_and_loss_scale_update`: `if self.dtype ==
-  torch.float16: self.check_overflow()`), but then, in every precision, takes the gradient norm and marks an
-  invalid one as overflow (lines 2882-2889: `combine_grad_norm_groups`, `is_invalid_grad_norm` -> `self.overflow =
-  True`; a NaN or inf group norm is the -1 sentinel of `get_grad_norm_direct`, lines 2479-2484, which
-  `combine_grad_norm_groups` in runtime/utils.py lines 891-906 keeps invalid), and returns without an update
-  (lines 2891-2894, `_loss_scale_update_and_overflow_cleanup`, lines 2822-2832).
-- ZeRO-1/2: `bf16.check_grad_overflow` (our optimizer.deepspeed_config sets it; engine.py lines 2638-2643)
-  turns on the gradient check (stage_1_and_2.py lines 3028-3030), and an invalid norm is an overflow in bf16
-  when it is set (lines 3042-3044).
+- ZeRO-3: `DeepSpeedZeroOptimizer_Stage3.step` (deepspeed/runtime/zero/stage3.py) checks overflow by the
+  gradient values only in fp16 (`_overflow_check_and_loss_scale_update`: `if self.dtype == torch.float16:
+  self.check_overflow()`), but then, in every precision, takes the gradient norm and marks an invalid one as
+  overflow (`combine_grad_norm_groups`, `is_invalid_grad_norm` -> `self.overflow = True`; a NaN or inf group norm
+  is the -1 sentinel of `get_grad_norm_direct`, which `combine_grad_norm_groups` in runtime/utils.py keeps
+  invalid), and returns without an update (`_loss_scale_update_and_overflow_cleanup`).
+- ZeRO-1/2: `bf16.check_grad_overflow` (our optimizer.deepspeed_config sets it; read in engine.py,
+  `DeepSpeedEngine._configure_zero_optimizer`) turns on the gradient check in `DeepSpeedZeroOptimizer.step`
+  (stage_1_and_2.py), and an invalid norm is an overflow in bf16 when it is set.
 - The engine reads the optimizer's `overflow` after the step: `was_step_applied()` is then False and the LR
-  scheduler does not advance (engine.py lines 3534-3545).
-So the claim that ZeRO-3 in bf16 never skips (issue 30, item 5) does not hold for the installed DeepSpeed; these
+  scheduler does not advance (engine.py, `DeepSpeedEngine._take_model_step`).
+So ZeRO-3 in bf16 does skip a non-finite update in the installed DeepSpeed; these
 tests hold the behaviour that max_bad_steps relies on, so an upgrade that loses it fails here.
 """
 
@@ -75,7 +74,7 @@ def test_a_nonfinite_step_is_skipped_in_bfloat16_and_max_bad_steps_acts(zero_sta
 @pytest.mark.parametrize("zero_stage", [2, 3])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_a_finite_loss_with_nonfinite_gradients_counts_as_a_bad_step(zero_stage, dtype, process_group):
-    """Issue 37, item 3: DeepSpeed skips the update of non-finite gradients whatever the loss, so the step counts.
+    """DeepSpeed skips the update of non-finite gradients whatever the loss, so the step counts as bad.
 
     The loss goes through `torch.where(True, x, x / 0)`: its value is x's, finite, but the backward pass of the
     branch not taken multiplies a zero gradient by 1 / 0 and every gradient becomes NaN.

@@ -4,7 +4,7 @@ In bfloat16 the probe's tolerance must leave room for vLLM's and the trainer's k
 nats), and one step at lr 1e-6 moves the probe's log-probabilities by far less: a push that did not land would
 pass it. `weight_sync.check_weight_sums` compares the sums of the pushed tensors with the engine's parameters', which
 is exact and blind to kernels. The stand-in engine is tests/test_sleep_order.py's (vLLM's `LLM` as the step
-uses it; `collective_rpc` with a function calls it with the worker, entrypoints/llm.py lines 574-595).
+uses it; `collective_rpc` with a function calls it with the worker, entrypoints/llm.py, `LLM.collective_rpc`).
 """
 
 from __future__ import annotations
@@ -202,8 +202,8 @@ def test_a_changed_only_push_sends_every_projection_of_an_adapted_module_and_not
 class LoraEngine(SleepModeEngine):
     """vLLM 0.32's `LLM(enable_lora=True, max_loras=1, max_cpu_loras=1)` as lora.AdapterPush and the step use it:
     - `llm_engine.add_lora(request)` reads the PEFT folder only for an id it does not hold (unless
-      `load_inplace`), evicting the oldest adapter above its capacity of one (lora/worker_manager.py lines
-      289-330); `list_loras()` names the ids held (v1/engine/llm_engine.py lines 469-479);
+      `load_inplace`), evicting the oldest adapter above its capacity of one (lora/worker_manager.py,
+      `LRUCacheWorkerLoRAManager.add_adapter`); `list_loras()` names the ids held (v1/engine/llm_engine.py);
     - the slot is written on the device, so a sleeping engine faults, as for the weights (the LoRA buffers are
       allocated with the model, in the weights' memory);
     - `generate(..., lora_request=r)` applies W + s·B·A of the held adapter r (s = lora_alpha / r from its
@@ -282,7 +282,7 @@ def test_the_adapter_push_lands_under_a_new_id_after_the_weights_wake_and_every_
 
 
 def test_without_a_discarding_sleep_the_adapter_push_sends_the_adapter_alone(tmp_path, process_group, monkeypatch):
-    """Issue 37, item 4: W is frozen and the engine loaded it at start, so an engine that does not sleep gets only
+    """W is frozen and the engine loaded it at start, so an engine that does not sleep gets only
     the adapter; the weight-sum check still covers W (its sums computed once), and the adapter's part is timed."""
     from test_lora import adapted
 

@@ -174,7 +174,7 @@ def test_a_sleeping_engine_offloads_its_cuda_graphs(monkeypatch):
 
 
 def test_the_trainer_draws_its_own_seed_after_the_engine_seeded_torch(monkeypatch):
-    """Issue 37, item 5: vLLM's worker ends its start-up with `set_random_seed(seed)` (the real function is called
+    """vLLM's worker ends its start-up with `set_random_seed(seed)` (the real function is called
     here, as the worker calls it), alike on every rank; make_engine seeds torch with the rank's seed after it."""
     from vllm.utils.torch_utils import set_random_seed
 
@@ -194,15 +194,17 @@ def test_the_trainer_draws_its_own_seed_after_the_engine_seeded_torch(monkeypatc
     assert not torch.equal(draws[0], draws[1])
 
 
-# ---------------------------------------------------------------------------- seeds on CUDA (issue 30, item 2)
+# ---------------------------------------------------------------------------------------------- seeds on CUDA
 
 
 class V2SamplingEngine:
     """vLLM 0.32's `LLM.generate` on CUDA with the default (V2) model runner, as far as seeding goes:
     - a request without a seed gets one from numpy's global generator, which the worker seeded with the engine
-      seed and no rank (v1/worker/gpu/sample/states.py lines 54-58; utils/torch_utils.py lines 542-553): each
+      seed and no rank (v1/worker/gpu/sample/states.py, `SamplingStates.add_request`; utils/torch_utils.py,
+      `set_random_seed`): each
       engine here has its own numpy generator seeded like that, as each rank's process has;
-    - the i-th of a request's n samples has the seed + i (v1/engine/parallel_sampling.py lines 69-81);
+    - the i-th of a request's n samples has the seed + i (v1/engine/parallel_sampling.py,
+      `ParentRequest._get_child_sampling_params`);
     - a sample's token at position t is drawn from its seed and t alone (gumbel.py, `gumbel_sample`).
     The torch generator, which `rollout._sample` seeds, plays no part, as on CUDA."""
 

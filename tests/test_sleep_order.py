@@ -3,15 +3,15 @@
 A CUDA run with vLLM's sleep mode cannot be done on our machines (no GPU; vLLM's CPU platform has no sleep mode),
 so `SleepModeEngine` behaves as vLLM 0.32 does on CUDA, read from its source (site-packages/vllm):
 - `sleep(level=1)` copies every weight allocation to a host buffer and unmaps the device memory; the KV cache is
-  discarded (device_allocator/sleep_mode_backend.py lines 127-137: level 1 offloads the "weights" tag;
-  device_allocator/cumem.py lines 233-297: the host copy, lines 265-276, then `unmap_and_release`, 277-278).
+  discarded (device_allocator/sleep_mode_backend.py, `CuMemBackend.suspend`: level 1 offloads the "weights" tag;
+  device_allocator/cumem.py, `CuMemAllocator.sleep`: the host copy, then `unmap_and_release`).
 - `sleep(level=2)` discards the weights too and keeps only the module buffers on the host
-  (v1/worker/gpu_worker.py lines 294-310), which `wake_up` of the weights copies back (lines 332-346).
+  (v1/worker/gpu_worker.py, `Worker.sleep`), which `Worker.wake_up` of the weights copies back.
 - `wake_up(tags)` maps the tagged allocations again; those with a host copy get it copied back, the others hold
-  whatever the new memory holds (cumem.py lines 331-364). A tag that is not asleep is a warning and nothing
-  happens (v1/executor/abstract.py lines 394-404); so is sleeping twice (lines 382-385).
-- Requests are served only once the engine is fully awake (v1/engine/core.py lines 997-1016: the scheduler
-  resumes when no tag sleeps), and writing weights into unmapped memory is an illegal address on CUDA.
+  whatever the new memory holds (cumem.py, `CuMemAllocator.wake_up`). A tag that is not asleep is a warning and
+  nothing happens (v1/executor/abstract.py, `Executor.wake_up`); so is sleeping twice (`Executor.sleep`).
+- Requests are served only once the engine is fully awake (v1/engine/core.py, `EngineCore.wake_up`: the
+  scheduler resumes when no tag sleeps), and writing weights into unmapped memory is an illegal address on CUDA.
 The trainer is a real DeepSpeed engine (ZeRO-2, one CPU rank, in this process) and the step is the real
 `canoe.train_step`; only the reward scoring is replaced, by fixed rewards that make the update move the weights.
 """
@@ -84,7 +84,7 @@ class SleepModeEngine:
 
     @torch.no_grad()
     def collective_rpc(self, method, kwargs: dict | None = None):
-        if callable(method):  # vLLM calls a function with each worker (entrypoints/llm.py lines 574-595); one here
+        if callable(method):  # vLLM calls a function with each worker (entrypoints/llm.py, `LLM.collective_rpc`); one here
             return [method(SimpleNamespace(model_runner=SimpleNamespace(model=self.model)))]
         assert method == "reload_weights", method
         self.events.append("reload_weights")

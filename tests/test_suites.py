@@ -339,7 +339,7 @@ def test_a_json_list_with_a_syntax_error_is_reported_at_its_own_line_and_column(
     number = next(n for n, line in enumerate(lines, start=1) if line.strip() == '"pred": "Milan",')
     lines[number - 1] = lines[number - 1].replace('"Milan"', "Milan")
     column = lines[number - 1].index("Milan") + 1
-    assert number > 100  # far from line 1, where the JSONL reading of it used to put the error
+    assert number > 100  # far from line 1, where a reading as JSONL would put the error
     (tmp_path / "broken.json").write_text("\n\n" + "\n".join(lines))  # blank lines before the "[" too
     items = suites.read_suite("fiqa", FIXTURES / "ConFiQA-QA-test.json")
     with pytest.raises(data.DataError, match=rf"broken.json:{number + 2}:{column}: not valid JSON \(Expecting value\)"):

@@ -36,7 +36,7 @@ def generated(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def default_data():
-    """The default data (what `make data` writes to data/synth, which the hand check of issue 34 read): rows by
+    """The default data (what `make data` writes to data/synth): rows by
     split and the worlds they come from."""
     train, eval_ = synth.synthesize()
     return {"train": train, "eval": eval_, "worlds": synth.split_worlds(synth.DEFAULT_SEED)}
@@ -261,9 +261,8 @@ def bare_surnames(context: str) -> list[str]:
 def test_synth_a_bare_surname_names_one_person_of_the_passage(generated, default_data):
     # A paragraph refers to its person by surname after the first sentence. Where the passage also names a
     # namesake ("Oren Fernhill founded Northwind Ceramics. ... The chief executive is Marek Fernhill. ...
-    # Fernhill was born in Lima."), the surname names two people: the multi-hop items of issue 34 joined a
-    # person's paragraph to one naming a namesake (eval lines 25, 37, 237 of data/synth), and so could a
-    # straightforward item's second paragraph.
+    # Fernhill was born in Lima."), the surname names two people, and a multi-hop or straightforward item that
+    # joins a person's paragraph to one naming a namesake has two answers.
     ambiguous, used = set(), 0
     for split, rows, world in splits_of(generated, default_data):
         for row in rows:
@@ -301,7 +300,7 @@ def test_synth_is_deterministic_by_seed():
 
 def test_synth_prompts_fit_the_default_budget(default_data):
     """config.toml's max_prompt_tokens keeps every row of the default data, train and eval, under the default's own
-    prompt and tokenizer (issue 34: the eval lost an item when the system prompt grew by 33 tokens)."""
+    prompt and tokenizer: a longer prompt must raise the budget, not lose items."""
     from transformers import AutoTokenizer
 
     cfg = load_config(ROOT / "config.toml")
@@ -314,9 +313,9 @@ def test_synth_prompts_fit_the_default_budget(default_data):
 
 
 def test_the_default_prompt_gives_nothing_to_copy(default_data):
-    """Issue 34: under the earlier prompt one seed wrote its description `<think>reasoning process</think>` into
-    every answer, and its example answer (Lima, Peru's capital) was given where a passage had changed a capital.
-    The description now names the tags without filling them, and the example names nothing the data names."""
+    """A prompt that fills its format description (`<think>reasoning process</think>`) gets that text copied into
+    answers, and an example answer that the data also names (Lima, Peru's capital) gets given where a passage
+    changed it: the description names the tags without filling them, and the example names nothing the data names."""
     cfg = load_config(ROOT / "config.toml")
     description, example = cfg.system_prompt.split("Example response:")
     # tags are named ("within <think> and </think>"), never filled

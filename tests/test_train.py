@@ -319,7 +319,7 @@ def test_canoe_training_rows_with_message_train_as_they_are(tmp_path, smoke_data
 
 @pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora-adapter"])
 def test_a_tied_model_trains_in_bfloat16(tmp_path, smoke_data, lora_rank):
-    """Issue 35, item 1 (and 37, item 1): the smoke model ties its embedding and output head, as SmolLM2 does; in
+    """The smoke model ties its embedding and output head, as SmolLM2 does; in
     bfloat16 every push is also checked by weight sums, which count the tied tensor once on both sides. With
     LoRA the adapter goes to vLLM apart (`lora_push = "adapter"`; on the CPU "auto" merges) and trains in float32
     over the bfloat16 base."""

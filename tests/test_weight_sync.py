@@ -1,4 +1,4 @@
-"""weight_sync.py on models the other tests do not cover: a tied input embedding and output head (issue 37, item 1).
+"""weight_sync.py on models the other tests do not cover: a tied input embedding and output head.
 
 Qwen2.5 up to 3B, Llama-3.2 and SmolLM2 hold one tensor as `model.embed_tokens.weight` and `lm_head.weight`. The
 engine counts it once (vLLM makes the head the embedding's Parameter and its `parameters()` yield it once), so

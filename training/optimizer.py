@@ -16,15 +16,15 @@ def torch_adam_params() -> dict:
     """The optimizer parameters that make DeepSpeed build torch's fused AdamW instead of its own FusedAdam.
 
     DeepSpeed 0.19.8 picks the Adam class in `DeepSpeedEngine.get_optimizer_configuration`
-    (deepspeed/runtime/engine.py lines 2377-2409): with `torch_adam` it returns `torch.optim.AdamW` (lines
-    2378-2382; `fused` stays among the keyword arguments, line 2493: `adam_optimizer(model_parameters,
-    **optimizer_parameters, ...)`), else, without CPU offload, `deepspeed.ops.adam.FusedAdam` (lines 2402-2409),
-    whose CUDA kernel is compiled by DeepSpeed's op builder at first use and needs nvcc and the CUDA headers,
-    which runtime-only images lack. torch's fused AdamW ships compiled in torch for CUDA and for the CPU, so the
-    same choice holds on both: on the CPU one pass over the flat ZeRO partition instead of a dozen (SmolLM2:
-    0.41 s -> 0.07 s per update, measured here); on CUDA both are one multi-tensor kernel per group of tensors
-    (not measured here: no GPU; docs/DESIGN.md, "The optimizer on GPUs"). With `offload_optimizer` the
-    optimizer is DeepSpeed's CPU Adam (lines 2384-2400), which these keys would bypass, so they are left out.
+    (deepspeed/runtime/engine.py): with `torch_adam` it returns `torch.optim.AdamW` (`fused` stays among the
+    keyword arguments, `DeepSpeedEngine._configure_basic_optimizer`: `adam_optimizer(model_parameters,
+    **optimizer_parameters, ...)`), else, without CPU offload, `deepspeed.ops.adam.FusedAdam`, whose CUDA kernel
+    is compiled by DeepSpeed's op builder at first use and needs nvcc and the CUDA headers, which runtime-only
+    images lack. torch's fused AdamW ships compiled in torch for CUDA and for the CPU, so the same choice holds on
+    both: on the CPU one pass over the flat ZeRO partition instead of a dozen (SmolLM2: 0.41 s -> 0.07 s per
+    update, measured here); on CUDA both are one multi-tensor kernel per group of tensors (not measured here: no
+    GPU; docs/DESIGN.md, "The GPU path"). With `offload_optimizer` the optimizer is DeepSpeed's CPU Adam (the
+    same function), which these keys would bypass, so they are left out.
     """
     return {"torch_adam": True, "fused": True}
 
@@ -39,7 +39,8 @@ def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dic
         "zero_optimization": {"stage": cfg.zero_stage},
         # With LoRA in bfloat16 the frozen base stays in bfloat16 and the adapters, which PEFT made float32
         # (get_peft_model's autocast_adapter_dtype), train in float32: DeepSpeed's bf16 mode would cast them to
-        # bfloat16 (deepspeed/runtime/engine.py lines 2080-2088); its float32 mode leaves every parameter as it is.
+        # bfloat16 (deepspeed/runtime/engine.py, `DeepSpeedEngine._configure_distributed_model`); its float32 mode
+        # leaves every parameter as it is.
         "bf16": {"enabled": dtype == torch.bfloat16 and not cfg.lora_rank, "check_grad_overflow": True},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,

@@ -20,8 +20,7 @@ for all L² pairs, most of them masked. That is cheap next to the linear layers 
 model configured for flash-attention cannot take a 4D mask, so only the `sdpa` and `eager` implementations are
 accepted.
 
-Not in the original CANOE code (TRL's GRPOTrainer pads `(G, P + C)`); named in docs/differences.md and in
-docs/DESIGN.md, "Deliberate differences from the original CANOE code".
+Differs from CANOE (docs/differences.md, D11): each prompt is scored once per micro-batch, not once per completion.
 """
 
 from __future__ import annotations
@@ -134,7 +133,7 @@ def attention_mask(model, allowed: torch.Tensor) -> torch.Tensor:
     """The additive `(1, 1, L, L)` mask for `allowed`, in the model's dtype (0 where allowed, the dtype's minimum
     elsewhere): the form both the `sdpa` and the `eager` attention of transformers add to the scores."""
     # A DeepSpeed engine wraps the model, and its own `.config` is DeepSpeed's config dict (deepspeed/runtime/
-    # engine.py line 544), which has no attention setting: read the wrapped model's.
+    # engine.py, `DeepSpeedEngine.__init__`), which has no attention setting: read the wrapped model's.
     config = getattr(getattr(model, "module", model), "config", None)
     implementation = getattr(config, "_attn_implementation", "sdpa")
     if implementation not in SUPPORTED_ATTENTION:
