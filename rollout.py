@@ -29,7 +29,7 @@ import torch
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
-from plumbing import lora, weight_sync
+from plumbing import weight_sync
 from grading.tags import tag_content
 
 CONTEXT_BLOCK = re.compile(r"<context>.*?</context>", re.DOTALL)
@@ -150,8 +150,8 @@ def make_engine(
     it): without it vLLM's CPU worker takes gpu_memory_utilization × the host's memory (measured: 10.7 of 23.5 GiB
     for a 0.5B model), and refuses to start when that much is not free.
 
-    `lora_rank > 0` turns on vLLM's LoRA support for one adapter at a time (lora.AdapterPush), with the smallest
-    `max_lora_rank` vLLM allows that holds the rank (vllm/config/lora.py, `MaxLoRARanks`).
+    `lora_rank > 0` turns on vLLM's LoRA support for one adapter at a time (plumbing/lora.py, `AdapterPush`), with
+    the smallest `max_lora_rank` vLLM allows that holds the rank (vllm/config/lora.py, `MaxLoRARanks`).
 
     `trainer_seed` (the trainer's per-rank seed) seeds torch again once the engine has started: vLLM's worker
     seeds torch with the engine's `seed` as the last act of its start-up, alike on every rank
@@ -194,7 +194,7 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
     The draw is a function of `seed` alone (`seeds_per_request`). On CUDA each prompt's request carries its own
     seed (`prompt_seed`). On the CPU vLLM samples in this process with this process's torch generator: seeding
     it right before the call does it (the trainer's own RNG stream is saved and restored around it).
-    `lora_request` names the adapter the engine applies (lora.AdapterPush), None for plain weights.
+    `lora_request` names the adapter the engine applies (plumbing/lora.py, `AdapterPush`), None for plain weights.
     """
     settings = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
     if seeds_per_request():
@@ -205,7 +205,7 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False,
-                               **lora.request_kwargs(lora_request))
+                               **weight_sync.request_kwargs(lora_request))
     completions = []
     for output in outputs:
         # vLLM may return the n samples of a request in any order; sort by index for a reproducible layout.

@@ -404,11 +404,6 @@ class AdapterPush:
         return self.seconds
 
 
-def request_kwargs(lora_request) -> dict:
-    """`LLM.generate`'s keyword for the adapter to apply (`AdapterPush.request`); none at all without one."""
-    return {} if lora_request is None else {"lora_request": lora_request}
-
-
 def push(llm, model: PeftModel, zero_stage: int, *, adapter: AdapterPush | None = None, base: bool = True,
          merged_push: MergedPush | None = None, sums: weight_sync.WeightSums | None = None,
          dtype: torch.dtype | None = None) -> float:

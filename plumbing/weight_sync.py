@@ -224,6 +224,11 @@ def make_probe(tokenizer, prompt_ids: Sequence[int]) -> tuple[list[int], list[in
     return list(prompt_ids)[-PROBE_PROMPT_TOKENS:], list(ids)
 
 
+def request_kwargs(lora_request) -> dict:
+    """`LLM.generate`'s keyword for the adapter to apply (`AdapterPush.request`); none at all without one."""
+    return {} if lora_request is None else {"lora_request": lora_request}
+
+
 def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence[int],
                         lora_request=None) -> torch.Tensor:
     """vLLM's log-probabilities of `completion_ids` after `prompt_ids`, `(T,)` float32 (prompt logprobs)."""
