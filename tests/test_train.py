@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from config import Config  # noqa: E402
 from prepare_models import SMOKE_ANSWERS  # noqa: E402
 from test_console import check_quiet_console  # noqa: E402
+from test_repository import PACKAGES  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
 
@@ -261,12 +262,19 @@ def readme_reward_example() -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_readmes_reward_example_trains_and_is_logged(tmp_path, smoke_data):
-    # a fork: the repository's modules with the README's example appended, as it stands, to rewards.py
-    fork = tmp_path / "fork"
+def fork_repository(fork: Path) -> Path:
+    """A copy of the repository's code (the card's files and the packages) in `fork`, as a user's fork holds it."""
     fork.mkdir()
     for path in ROOT.glob("*.py"):
         shutil.copy(path, fork / path.name)
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, fork / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return fork
+
+
+def test_the_readmes_reward_example_trains_and_is_logged(tmp_path, smoke_data):
+    # a fork: the repository's modules with the README's example appended, as it stands, to rewards.py
+    fork = fork_repository(tmp_path / "fork")
     with open(fork / "rewards.py", "a") as f:
         f.write("\n\n" + readme_reward_example())
     config = write_config(tmp_path, smoke_data, max_steps=1, model=str(SMOKE_MODEL),
@@ -303,10 +311,7 @@ def test_canoe_training_rows_with_message_train_as_they_are(tmp_path, smoke_data
             for row in read_jsonl(smoke_data)]
     canoe_file = tmp_path / "final_10k.jsonl"
     canoe_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    fork = tmp_path / "fork"
-    fork.mkdir()
-    for path in ROOT.glob("*.py"):
-        shutil.copy(path, fork / path.name)
+    fork = fork_repository(tmp_path / "fork")
     with open(fork / "rewards.py", "a") as f:
         f.write("\n" + MESSAGE_REWARD)
     config = write_config(tmp_path, canoe_file, max_steps=1, model=str(SMOKE_MODEL),
