@@ -226,7 +226,7 @@ class MergedPush:
             sums = weight_sync.WeightSums()
             for name, tensor in base_weights(model, zero_stage):  # W under the names policy_weights gives them
                 if name.rpartition(".")[0] not in pushed:
-                    sums.add_as_held(tensor, dtype)
+                    sums.add_as_held(tensor, dtype, name)
             self._rest[dtype] = sums
         return self._rest[dtype]
 
@@ -376,8 +376,8 @@ class AdapterPush:
         are computed once (every rank walks, a collective under ZeRO-3) and are what a push of W would add up."""
         if dtype not in self._base_sums:
             sums = weight_sync.WeightSums()
-            for _, tensor in base_weights(model, zero_stage):
-                sums.add_as_held(tensor, dtype)
+            for name, tensor in base_weights(model, zero_stage):
+                sums.add_as_held(tensor, dtype, name)
             self._base_sums[dtype] = sums
         return self._base_sums[dtype]
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
 import logging
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -262,39 +263,70 @@ def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tole
 
 @dataclass
 class WeightSums:
-    """Σw, Σ|w| and Σw² in float64 over a set of weight tensors: a checksum of a push that needs no name mapping.
+    """Sums in float64 over a set of weight tensors: a checksum of a push that needs no name mapping.
 
     vLLM holds some weights fused (q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj`) and pads the
-    vocabulary rows of the embedding with zeros at every load
-    (vllm/model_executor/layers/vocab_parallel_embedding.py, `VocabParallelEmbedding.weight_loader`), so its
-    parameters are not the pushed tensors one for one, but sums over them are the same: the sums over what the
-    trainer pushed equal the sums over the engine's parameters exactly when every pushed value landed (up to float64
-    summation order, ~1e-15 relatively). Computed in chunks, so that no float64 copy of a whole tensor is made.
+    vocabulary rows of the embedding with zeros at every load (vllm/model_executor/layers/vocab_parallel_embedding.py,
+    `VocabParallelEmbedding.weight_loader`), so its parameters are not the pushed tensors one for one. Sums that
+    row-wise fusion and zero rows leave unchanged are still the same on both sides: Σw, Σ|w| and Σw² over every
+    value, and `placed` = Σ (1 + layer) · c_j · w[i, j] over the matrices, where j is the column and `layer` the
+    decoder layer its name holds ("layers.3." → 3; 0 elsewhere), both of which vLLM keeps. The first three see a
+    value that did not land; `placed` also sees values that landed in the wrong place: a transposed matrix (its
+    columns become rows) and same-shape matrices of two layers swapped. The sums over what the trainer pushed equal
+    the sums over the engine's parameters when every pushed value landed where it belongs (up to float64 summation
+    order, ~1e-15 relatively). Two same-shape matrices swapped within one layer stay invisible. Computed in blocks
+    of rows, so that no float64 copy of a whole tensor is made.
     """
 
     total: float = 0.0
     absolute: float = 0.0
     squares: float = 0.0
+    placed: float = 0.0
+    placed_absolute: float = 0.0  # the scale `placed` is compared at
 
     CHUNK = 1 << 24
 
-    @torch.no_grad()
-    def add(self, tensor: torch.Tensor) -> None:
-        for chunk in tensor.detach().reshape(-1).split(self.CHUNK):
-            chunk = chunk.double()
-            self.total += float(chunk.sum())
-            self.absolute += float(chunk.abs().sum())
-            self.squares += float(chunk.square().sum())
+    @staticmethod
+    def column_weights(columns: int, device) -> torch.Tensor:
+        """c_j, `(columns,)` float64: 1 + (j mod 97) / 97, a weight that differs between nearby columns."""
+        return 1.0 + (torch.arange(columns, device=device, dtype=torch.float64) % 97) / 97
 
-    def add_as_held(self, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+    @staticmethod
+    def layer_of(name: str) -> int:
+        """The decoder layer a parameter's name holds ("model.layers.3.mlp.down_proj.weight" → 3), else 0."""
+        match = _LAYER.search(name)
+        return int(match.group(1)) if match else 0
+
+    @torch.no_grad()
+    def add(self, tensor: torch.Tensor, name: str = "") -> None:
+        tensor = tensor.detach()
+        matrix = tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() >= 2 else tensor.reshape(1, -1)
+        weights = self.column_weights(matrix.shape[1], matrix.device) if tensor.dim() >= 2 else None
+        factor = 1.0 + self.layer_of(name)
+        for block in matrix.split(max(1, self.CHUNK // max(1, matrix.shape[1]))):
+            block = block.double()  # (rows, columns)
+            magnitude = block.abs()
+            self.total += float(block.sum())
+            self.absolute += float(magnitude.sum())
+            self.squares += float(block.square().sum())
+            if weights is not None:
+                self.placed += factor * float((block @ weights).sum())
+                self.placed_absolute += factor * float((magnitude @ weights).sum())
+
+    def add_as_held(self, tensor: torch.Tensor, dtype: torch.dtype, name: str = "") -> None:
         """Add a pushed tensor as the engine will hold it: cast to the engine's `dtype`."""
-        self.add(tensor.to(dtype))
+        self.add(tensor.to(dtype), name)
 
     def add_sums(self, other: WeightSums) -> None:
         """Add the sums of another set of tensors (this set and that one, as if added tensor by tensor)."""
         self.total += other.total
         self.absolute += other.absolute
         self.squares += other.squares
+        self.placed += other.placed
+        self.placed_absolute += other.placed_absolute
+
+
+_LAYER = re.compile(r"layers\.(\d+)\.")
 
 
 # Relative disagreement of two WeightSums above which a push did not land (float64 summation in another order
@@ -306,14 +338,14 @@ def summed(weights: Iterable[tuple[str, torch.Tensor]], sums: WeightSums,
            dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """`weights` passed on unchanged, each added to `sums` as the engine will hold it (cast to its `dtype`)."""
     for name, tensor in weights:
-        sums.add_as_held(tensor, dtype)
+        sums.add_as_held(tensor, dtype, name)
         yield name, tensor
 
 
 def _engine_sums_worker(worker) -> WeightSums:
     sums = WeightSums()
-    for param in worker.model_runner.model.parameters():
-        sums.add(param)
+    for name, param in worker.model_runner.model.named_parameters():
+        sums.add(param, name)
     return sums
 
 
@@ -333,18 +365,21 @@ def check_weight_sums(pushed: WeightSums, engine: WeightSums, tolerance: float =
     cancel in both, which a step's update does not do: in bfloat16 a weight that changes moves by one rounding step
     (2^-8 of its size), so a step that changes K of N weights of mean square w² moves Σw² by about
     2^-7 · sqrt(K) · w², a relative change of ~1e-8 for K = 1e6 of N = 8e9, far above the tolerance (1e-10) and far
-    below what the probe can see. What it cannot detect: an engine that computes wrongly from the right weights
+    below what the probe can see. `placed` moves when a matrix landed transposed or in another layer's place. What
+    it cannot detect: an engine that computes wrongly from the right weights
     (stale packed CPU kernels, an adapter applied wrongly) and weights vLLM holds that are not pushed; the probe
     (`check_sync`) covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not parameters
     (vllm/lora/layers/base_linear.py, `BaseLinearLayerWithLoRA.create_lora_weights`), so with the adapter pushed
     apart the sums cover W; the adapter is checked by its id (`AdapterPush`).
     """
     gap = max(abs(pushed.total - engine.total) / max(pushed.absolute, 1e-30),
-              abs(pushed.squares - engine.squares) / max(pushed.squares, 1e-30))
+              abs(pushed.squares - engine.squares) / max(pushed.squares, 1e-30),
+              abs(pushed.placed - engine.placed) / max(pushed.placed_absolute, 1e-30))
     if not gap <= tolerance:
         raise WeightSyncError(
             f"weight push failed verification: the engine's weights do not sum to what was pushed (Σw {engine.total:.12g} "
-            f"vs {pushed.total:.12g}, Σw² {engine.squares:.12g} vs {pushed.squares:.12g}; relative gap {gap:.3g}, "
+            f"vs {pushed.total:.12g}, Σw² {engine.squares:.12g} vs {pushed.squares:.12g}, placed {engine.placed:.12g} vs "
+            f"{pushed.placed:.12g}; relative gap {gap:.3g}, "
             f"tolerance {tolerance:g}). Some pushed values did not land; stopping.")
     return gap
 

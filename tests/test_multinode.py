@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -22,19 +21,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_train import ROOT, SMOKE_MODEL, check_run, read_jsonl, write_config
+from test_train import ROOT, SMOKE_MODEL, check_run, free_port, read_jsonl, write_config
 from test_train import smoke_data  # noqa: F401  (a fixture: pytest finds it by its name in this module)
 
 pytestmark = pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
 
 NODES = 2
 TIMEOUT_S = 900  # both launchers together; a hang fails the test instead of blocking the suite
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_command(node: int, hostfile: Path, port: int, config: Path) -> list[str]:

@@ -54,6 +54,45 @@ def test_weight_sums_see_through_fused_and_padded_layouts_but_not_a_changed_valu
         weight_sync.check_weight_sums(pushed, engine)
 
 
+def test_weight_sums_see_values_that_landed_in_the_wrong_place():
+    """Every value landed, but a square matrix arrived transposed, or two layers' same-shape matrices swapped:
+    Σw, Σ|w| and Σw² cannot tell, the column- and layer-weighted sum can; fused rows and zero padding it allows."""
+    torch.manual_seed(0)
+    weights = {f"model.layers.{i}.self_attn.{p}.weight": torch.randn(32, 32).bfloat16()
+               for i in range(2) for p in ("q_proj", "o_proj")}
+    weights["model.embed_tokens.weight"] = torch.randn(50, 32).bfloat16()
+    weights["model.norm.weight"] = torch.randn(32).bfloat16()
+    pushed = weight_sync.WeightSums()
+    for name, tensor in weights.items():
+        pushed.add(tensor, name)
+
+    def engine_holding(**moved) -> weight_sync.WeightSums:
+        held = {**weights, **moved}
+        held["model.embed_tokens.weight"] = torch.cat([held["model.embed_tokens.weight"],
+                                                       torch.zeros(14, 32, dtype=torch.bfloat16)])  # padded rows
+        sums = weight_sync.WeightSums()
+        for name, tensor in held.items():
+            sums.add(tensor, name)
+        return sums
+
+    assert weight_sync.check_weight_sums(pushed, engine_holding()) <= 1e-12
+    o0, o1 = "model.layers.0.self_attn.o_proj.weight", "model.layers.1.self_attn.o_proj.weight"
+    for wrong in ({o0: weights[o0].T.contiguous()}, {o0: weights[o1], o1: weights[o0]}):
+        engine = engine_holding(**wrong)
+        assert engine.total == pytest.approx(pushed.total, rel=1e-12)  # the plain sums see nothing
+        assert engine.squares == pytest.approx(pushed.squares, rel=1e-12)
+        with pytest.raises(weight_sync.WeightSyncError, match="placed"):
+            weight_sync.check_weight_sums(pushed, engine)
+    # rows fused as vLLM fuses q, k and v keep every column and layer index: nothing moves
+    fused = weight_sync.WeightSums()
+    q1 = weights["model.layers.1.self_attn.q_proj.weight"]
+    fused.add(torch.cat([q1, weights[o1]]), "model.layers.1.self_attn.qkv_proj.weight")
+    apart = weight_sync.WeightSums()
+    for name in ("model.layers.1.self_attn.q_proj.weight", o1):
+        apart.add(weights[name], name)
+    assert fused.placed == pytest.approx(apart.placed, rel=1e-12) and fused.placed != 0
+
+
 def test_a_push_that_did_not_land_passes_a_bf16_probe_tolerance_but_not_the_weight_sums(tmp_path, process_group,
                                                                                           monkeypatch):
     monkeypatch.setattr(canoe, "score", fixed_rewards)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tomllib
@@ -60,13 +61,20 @@ def write_config(tmp_path: Path, data: Path, **overrides) -> Path:
     return path
 
 
+def free_port() -> int:
+    """A port no process listens on now, for a launch's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch(config: Path, ranks: int = 1, *args: str, fault: str | None = None, expect_ok: bool = True,
            root: Path = ROOT):
     """`deepspeed canoe.py --config config` (with `fault`: tests/faults.py, which patches that fault in)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     script = [str(root / "canoe.py")] if fault is None else [str(ROOT / "tests" / "faults.py"), "--fault", fault]
     command = [str(ROOT / ".venv" / "bin" / "deepspeed"), "--num_gpus", str(ranks),
-               "--master_port", str(29600 + os.getpid() % 200), *script, "--config", str(config), *args]
+               "--master_port", str(free_port()), *script, "--config", str(config), *args]
     result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     if expect_ok and result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}")
@@ -127,14 +135,32 @@ def check_run(run: Path, steps: int) -> None:
             assert s["stage2_problem"] is None and s["stage2_completion"] is None
 
 
-def test_one_rank_zero2(tmp_path, smoke_data):
-    config = write_config(tmp_path, smoke_data, max_steps=3, tensorboard=True)
-    result = launch(config, 1)
-    check_run(tmp_path / "run", 3)
-    check_quiet_console(result, tmp_path / "run", steps=3)  # vLLM's log in run/vllm.log, not on the console
-    info = json.loads((tmp_path / "run" / "run_config.json").read_text())
+# The two uninterrupted runs that several tests read (trained once each): full fine-tuning and LoRA, one rank,
+# ZeRO-2, 4 steps with a checkpoint every 2 (test_resume_reproduces_uninterrupted_run interrupts the same run).
+STRAIGHT = {"full": {"max_steps": 4, "save_every": 2, "tensorboard": True},
+            "lora": {"max_steps": 4, "save_every": 2, "lora_rank": 8, "lora_alpha": 16.0}}
+
+
+@pytest.fixture(scope="module")
+def straight_runs(tmp_path_factory, smoke_data):
+    """Each STRAIGHT run, launched on first use: {name: (its folder, the launcher's CompletedProcess)}."""
+    runs = {}
+
+    def get(name: str) -> tuple[Path, subprocess.CompletedProcess]:
+        if name not in runs:
+            folder = tmp_path_factory.mktemp(f"straight-{name}")
+            runs[name] = folder, launch(write_config(folder, smoke_data, **STRAIGHT[name]), 1)
+        return runs[name]
+    return get
+
+
+def test_one_rank_zero2(straight_runs):
+    folder, result = straight_runs("full")
+    check_run(folder / "run", 4)
+    check_quiet_console(result, folder / "run", steps=4)  # vLLM's log in run/vllm.log, not on the console
+    info = json.loads((folder / "run" / "run_config.json").read_text())
     assert info["config"]["zero_stage"] == 2 and "deepspeed" in info["versions"]
-    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((folder / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 @pytest.mark.parametrize("stage, lora_rank", [(2, 0), (3, 0), (3, 8)], ids=["zero2", "zero3", "zero3-lora"])
@@ -147,41 +173,38 @@ def test_two_ranks(tmp_path, smoke_data, stage, lora_rank):
     assert len(set(problems)) == 2  # rank 0 writes its own samples only
 
 
-@pytest.mark.parametrize("lora_rank", [0, 8], ids=["full", "lora"])
-def test_resume_reproduces_uninterrupted_run(tmp_path, smoke_data, lora_rank):
-    (tmp_path / "a").mkdir()
+@pytest.mark.parametrize("name", ["full", "lora"])
+def test_resume_reproduces_uninterrupted_run(tmp_path, smoke_data, straight_runs, name):
+    straight, _ = straight_runs(name)
     (tmp_path / "b").mkdir()
-    straight = write_config(tmp_path / "a", smoke_data, max_steps=4, save_every=2, lora_rank=lora_rank)
-    launch(straight, 1)
-    first = write_config(tmp_path / "b", smoke_data, max_steps=4, save_every=2, lora_rank=lora_rank)
+    first = write_config(tmp_path / "b", smoke_data, **STRAIGHT[name])
     stopped = launch(first, 1, fault="after_step_2", expect_ok=False)
     assert stopped.returncode != 0
     assert (tmp_path / "b" / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
     launch(first, 1, "--resume")
 
-    a, b = read_jsonl(tmp_path / "a" / "run" / "samples.jsonl"), read_jsonl(tmp_path / "b" / "run" / "samples.jsonl")
+    a, b = read_jsonl(straight / "run" / "samples.jsonl"), read_jsonl(tmp_path / "b" / "run" / "samples.jsonl")
     assert [(s["step"], s["problem"], s["completion"]) for s in a] == [(s["step"], s["problem"], s["completion"]) for s in b]
-    wa, wb = policy_weights(tmp_path / "a" / "run"), policy_weights(tmp_path / "b" / "run")
+    wa, wb = policy_weights(straight / "run"), policy_weights(tmp_path / "b" / "run")
     for key in wa:  # same data, same samples, same optimizer state: equal to float32 round-off
         torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=1e-6)
-    if lora_rank:  # the adapters themselves, as PEFT saved them
+    if name == "lora":  # the adapters themselves, as PEFT saved them
         aa, ab = (load_file(run / "checkpoints" / "step-000004" / "adapter" / "adapter_model.safetensors")
-                  for run in (tmp_path / "a" / "run", tmp_path / "b" / "run"))
+                  for run in (straight / "run", tmp_path / "b" / "run"))
         assert aa.keys() == ab.keys() and aa
         for key in aa:
             torch.testing.assert_close(ab[key], aa[key], rtol=0, atol=1e-6)
 
 
-def test_lora_one_rank_zero2(tmp_path, smoke_data):
+def test_lora_one_rank_zero2(straight_runs):
     """LoRA under the launcher: the run is checked as full fine-tuning's; the checkpoint's adapter loads with PEFT
     and gives the merged policy folder's outputs; the base weights in DeepSpeed's state are left out (frozen)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    config = write_config(tmp_path, smoke_data, max_steps=3, lora_rank=8, lora_alpha=16.0)
-    launch(config, 1)
-    check_run(tmp_path / "run", 3)
-    final = tmp_path / "run" / "checkpoints" / "step-000003"
+    folder, _ = straight_runs("lora")
+    check_run(folder / "run", 4)
+    final = folder / "run" / "checkpoints" / "step-000004"
     settings = json.loads((final / "adapter" / "adapter_config.json").read_text())
     assert settings["r"] == 8 and settings["lora_alpha"] == 16.0 and settings["peft_type"] == "LORA"
     ids = torch.tensor([[1, 50, 300, 7, 2000, 12]])
