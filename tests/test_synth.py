@@ -315,13 +315,15 @@ def test_synth_prompts_fit_the_default_budget(default_data):
 def test_the_default_prompt_gives_nothing_to_copy(default_data):
     """A prompt that fills its format description (`<think>reasoning process</think>`) gets that text copied into
     answers, and an example answer that the data also names (Lima, Peru's capital) gets given where a passage
-    changed it: the description names the tags without filling them, and the example names nothing the data names."""
+    changed it: the description names the tags without filling them, and the worked example (an earlier exchange
+    about its own passage) names nothing the data names."""
     cfg = load_config(ROOT / "config.toml")
-    description, example = cfg.system_prompt.split("Example response:")
-    # tags are named ("within <think> and </think>"), never filled
+    description, example = cfg.system_prompt, f"{cfg.example_problem}\n{cfg.example_response}"
+    # tags are named ("within <think> and </think>"), never filled; the example is an exchange of its own
     assert {inside for _, inside in re.findall(r"<(think|long_answer|answer)>([^<]*)</\1>", description)} == {" and "}
-    answer = answer_span(example)
-    names = set(re.findall(r"\b[A-Z][a-z]+\b", example)) - {"The", "According", "Bridge"}
+    assert "Osric" not in description and cfg.example_problem.startswith("<context>")
+    answer = answer_span(cfg.example_response)
+    names = set(re.findall(r"\b[A-Z][a-z]+\b", example)) - {"The", "According", "Bridge", "Who", "It", "A"}
     assert answer and names
     vocabulary = {*facts.FIRST_NAMES, *facts.LAST_NAMES, *facts.TOWNS, *facts.COUNTRIES,
                   *(capital for capital, *_ in facts.COUNTRIES.values())}
