@@ -305,13 +305,13 @@ class WeightSums:
         factor = 1.0 + self.layer_of(name)
         for block in matrix.split(max(1, self.CHUNK // max(1, matrix.shape[1]))):
             block = block.double()  # (rows, columns)
-            magnitude = block.abs()
-            self.total += float(block.sum())
-            self.absolute += float(magnitude.sum())
+            columns, magnitudes = block.sum(dim=0), block.abs().sum(dim=0)  # (columns,): one pass each, as before
+            self.total += float(columns.sum())
+            self.absolute += float(magnitudes.sum())
             self.squares += float(block.square().sum())
             if weights is not None:
-                self.placed += factor * float((block @ weights).sum())
-                self.placed_absolute += factor * float((magnitude @ weights).sum())
+                self.placed += factor * float(columns @ weights)
+                self.placed_absolute += factor * float(magnitudes @ weights)
 
     def add_as_held(self, tensor: torch.Tensor, dtype: torch.dtype, name: str = "") -> None:
         """Add a pushed tensor as the engine will hold it: cast to the engine's `dtype`."""
