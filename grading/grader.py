@@ -262,7 +262,7 @@ WORKER_JOBS = {"canoe": canoe_math_equal}  # what grading workers may run from t
 # The modules a grading worker imports, running their `warm_up()` and taking their WORKER_JOBS: CANOE's rewards need
 # this one only; the R1-Zero reward's grader (which imports this module, so it is named, not imported) on request.
 WORKER_MODULES = ("grading.grader",)
-R1_WORKER_MODULES = ("grading.grader", "grading.r1_grader")
+R1_WORKER_MODULES = (*WORKER_MODULES, "grading.r1_grader")
 # Pairs each worker grades before it reports ready, in every module's `warm_up`.
 WARM_UP_PAIRS = [("\\frac{1}{2}", "0.5"), ("x^2-1", "(x-1)(x+1)"), ("\\sqrt{8}", "2\\sqrt{2}"), ("120", "5!"),
                  ("(1,2)", "[1,2)")]

@@ -261,6 +261,9 @@ def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tole
     return worst
 
 
+_LAYER = re.compile(r"layers\.(\d+)\.")  # the decoder layer in a parameter's name, as the trainer and vLLM write it
+
+
 @dataclass
 class WeightSums:
     """Sums in float64 over a set of weight tensors: a checksum of a push that needs no name mapping.
@@ -324,9 +327,6 @@ class WeightSums:
         self.squares += other.squares
         self.placed += other.placed
         self.placed_absolute += other.placed_absolute
-
-
-_LAYER = re.compile(r"layers\.(\d+)\.")
 
 
 # Relative disagreement of two WeightSums above which a push did not land (float64 summation in another order
