@@ -100,7 +100,6 @@ class Run:
 
 
 def setup(cfg: Config, *, resume: bool) -> Run:
-    preflight.check_paths(cfg, train=True)
     rank, world_size = init_distributed(cfg.dist_timeout_minutes)
     torch.manual_seed(cfg.seed + rank)
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else torch.device("cpu")
@@ -504,7 +503,7 @@ def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
         run.times["adapter_push"] = run.adapter.seconds
     more = run.merged_push.metrics() if run.merged_push else {}  # outside float32: how much of the update arrives
     if run.checksum:
-        more["sync/weight_sums_gap"] = weight_sync.check_weight_sums(sums, weight_sync.engine_weight_sums(run.llm))
+        more["sync/weight_sums_gap"] = weight_sync.check_weight_sums(sums, weight_sync.engine_weight_sums(run.llm, sums.scope))
     weight_sync.wake_kv_cache(run.llm, run.sleep)
     prompt, completion = run.probe
     run.engine.eval()
@@ -529,6 +528,7 @@ def run_step(run: Run) -> dict[str, float]:
 
 
 def train(cfg: Config, resume: bool, verbose: bool = False) -> None:
+    preflight.check_paths(cfg, train=True)  # before anything is written to the output folder
     route_logs(Path(cfg.output_dir), int(os.environ.get("RANK", "0")), verbose=verbose)  # before vLLM starts
     run = setup(cfg, resume=resume)
     log = RunLog(cfg, run.out, enabled=run.rank == 0)

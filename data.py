@@ -26,7 +26,7 @@ What lives here (docs/DESIGN.md, "Data"), in reading order:
    normalised match with a guard against negated predictions (its differences from the official ConFiQA EM of
    suites.py are listed in its docstring).
 
-The synthetic training data in the CANOE paper's four task types is made by `synth.py`.
+The synthetic training data in the CANOE paper's four task types is made by `python -m synthetic.synth` (synthetic/synth.py).
 
 Run:
     python data.py check data/synth/train.jsonl [--tokenizer models/SmolLM2-135M-Instruct] [--max-prompt-tokens 256]

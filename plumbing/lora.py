@@ -173,7 +173,6 @@ class MergedPush:
         self.index: dict[str, torch.Tensor] = {}
         self.bias: dict[str, torch.Tensor] = {}  # Σ over pushes of (delivered − Δ) on the sampled entries
         self.intended: dict[str, torch.Tensor] = {}  # Σ over pushes of Δ on the sampled entries
-        self._rest: dict[torch.dtype, weight_sync.WeightSums] = {}
         self._push = [0.0, 0.0, 0.0, 0.0]  # this push: Σ d·Δ, Σ d², Σ Δ², Σ (d − Δ)²
 
     @torch.no_grad()
@@ -217,18 +216,6 @@ class MergedPush:
         return {"sync/lora_delta_cosine": dot / (delivered * intended) ** 0.5 if delivered * intended > 0 else 1.0,
                 "sync/lora_delta_error": (error / intended) ** 0.5 if intended > 0 else 0.0,
                 "sync/lora_delta_bias": (bias / total) ** 0.5 if total > 0 else 0.0}
-
-    def rest_sums(self, model: PeftModel, zero_stage: int, dtype: torch.dtype) -> weight_sync.WeightSums:
-        """The WeightSums of every weight a `changed_only` push leaves out, as the engine holds them: frozen, so
-        computed once (every rank walks, a collective under ZeRO-3)."""
-        if dtype not in self._rest:
-            pushed = {hf_name(name) for name in changed_modules(model)}
-            sums = weight_sync.WeightSums()
-            for name, tensor in base_weights(model, zero_stage):  # W under the names policy_weights gives them
-                if name.rpartition(".")[0] not in pushed:
-                    sums.add_as_held(tensor, dtype, name)
-            self._rest[dtype] = sums
-        return self._rest[dtype]
 
 
 def merged_weights(layer: LoraLayer, merged_push: MergedPush | None = None, name: str = "") -> dict[str, torch.Tensor]:
@@ -414,7 +401,8 @@ def push(llm, model: PeftModel, zero_stage: int, *, adapter: AdapterPush | None 
 
     Without `adapter`: `policy_weights`, the merged W + s·B·A, rounded with error
     feedback outside float32, and, unless `base`, only what training changes (`MergedPush`); the frozen rest is
-    what the engine loaded at start, and its sums come from `MergedPush.rest_sums`. With `adapter`: the base
+    what the engine loaded at start, and the sums' `scope` is what was sent (the engine's side sums the parameters
+    it rebuilt from those modules). With `adapter`: the base
     weights W, exactly as the trainer holds them, where `base`, then the adapter (`AdapterPush`); W is frozen and
     the engine loaded the same W from the model folder at start, so without a sleep W is never pushed, and its sums
     come from `AdapterPush.base_sums`.
@@ -424,8 +412,8 @@ def push(llm, model: PeftModel, zero_stage: int, *, adapter: AdapterPush | None 
         weights = policy_weights(model, zero_stage, merged_push, changed_only=partial)
         if sums is not None:
             weights = weight_sync.summed(weights, sums, dtype)
-            if partial:
-                sums.add_sums(merged_push.rest_sums(model, zero_stage, dtype))
+            if partial:  # the engine's sums are then taken over what this push reloaded
+                sums.scope = frozenset(hf_name(name) for name in changed_modules(model))
         if partial:  # the reload re-packs what it loads; the embedding, whose tied head would need it, is never sent
             return weight_sync.push_weights(llm, weights, repack=False, partial=True)
         return weight_sync.push_weights(llm, weights)

@@ -262,37 +262,36 @@ def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tole
 
 
 _LAYER = re.compile(r"layers\.(\d+)\.")  # the decoder layer in a parameter's name, as the trainer and vLLM write it
+# The signed integer type of each float type's width: a value is summed as the integer of its bits.
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @dataclass
 class WeightSums:
-    """Sums in float64 over a set of weight tensors: a checksum of a push that needs no name mapping.
+    """Exact integer sums over the bits of a set of weight tensors: a checksum of a push that needs no name mapping.
 
-    vLLM holds some weights fused (q, k and v in one `qkv_proj`, gate and up in one `gate_up_proj`) and pads the
-    vocabulary rows of the embedding with zeros at every load (vllm/model_executor/layers/vocab_parallel_embedding.py,
-    `VocabParallelEmbedding.weight_loader`), so its parameters are not the pushed tensors one for one. Sums that
-    row-wise fusion and zero rows leave unchanged are still the same on both sides: Σw, Σ|w| and Σw² over every
-    value, and `placed` = Σ (1 + layer) · c_j · w[i, j] over the matrices, where j is the column and `layer` the
-    decoder layer its name holds ("layers.3." → 3; 0 elsewhere), both of which vLLM keeps. The first three see a
-    value that did not land; `placed` also sees values that landed in the wrong place: a transposed matrix (its
-    columns become rows) and same-shape matrices of two layers swapped. The sums over what the trainer pushed equal
-    the sums over the engine's parameters when every pushed value landed where it belongs (up to float64 summation
-    order, ~1e-15 relatively). Two same-shape matrices swapped within one layer stay invisible. Computed in blocks
-    of rows, so that no float64 copy of a whole tensor is made.
+    Each value is read as the signed integer of its bits (a bfloat16 as an int16, a float32 as an int32), so the
+    sums are exact and the pushed tensors, cast to the engine's dtype, sum to what the engine holds exactly when
+    every value landed bit for bit. vLLM holds some weights fused (q, k and v in one `qkv_proj`, gate and up in one
+    `gate_up_proj`) and pads the vocabulary rows of the embedding with zeros at every load
+    (vllm/model_executor/layers/vocab_parallel_embedding.py, `VocabParallelEmbedding.weight_loader`), so its
+    parameters are not the pushed tensors one for one; the sums are ones that row-wise fusion and zero rows (whose
+    bits are 0) leave unchanged: `total` = Σ bits over every value, and `placed` = Σ (1 + layer) · c_j · bits[i, j]
+    over the matrices, where j is the column (c_j = 1 + j mod 97) and `layer` the decoder layer its name holds
+    ("layers.3." → 3; 0 elsewhere), both of which vLLM keeps. `total` sees a value that did not land; `placed` also
+    sees values that landed in the wrong place: a transposed matrix (its columns become rows) and same-shape
+    matrices of two layers swapped. Blind spots: rows swapped within a matrix, two same-shape matrices swapped
+    within one layer, and changes that cancel in both sums. One pass over the values (column sums of the bits in
+    int64), a few times cheaper than float64 sums.
+
+    `scope` names the modules (Hugging Face names, "model.layers.3.self_attn.q_proj") whose weights the sums cover
+    when a push sends part of the model (`engine_weight_sums` then sums the engine's parameters built from those
+    modules only); None means the whole model.
     """
 
-    total: float = 0.0
-    absolute: float = 0.0
-    squares: float = 0.0
-    placed: float = 0.0
-    placed_absolute: float = 0.0  # the scale `placed` is compared at
-
-    CHUNK = 1 << 24
-
-    @staticmethod
-    def column_weights(columns: int, device) -> torch.Tensor:
-        """c_j, `(columns,)` float64: 1 + (j mod 97) / 97, a weight that differs between nearby columns."""
-        return 1.0 + (torch.arange(columns, device=device, dtype=torch.float64) % 97) / 97
+    total: int = 0
+    placed: int = 0
+    scope: frozenset[str] | None = None
 
     @staticmethod
     def layer_of(name: str) -> int:
@@ -302,19 +301,16 @@ class WeightSums:
 
     @torch.no_grad()
     def add(self, tensor: torch.Tensor, name: str = "") -> None:
-        tensor = tensor.detach()
-        matrix = tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() >= 2 else tensor.reshape(1, -1)
-        weights = self.column_weights(matrix.shape[1], matrix.device) if tensor.dim() >= 2 else None
-        factor = 1.0 + self.layer_of(name)
-        for block in matrix.split(max(1, self.CHUNK // max(1, matrix.shape[1]))):
-            block = block.double()  # (rows, columns)
-            columns, magnitudes = block.sum(dim=0), block.abs().sum(dim=0)  # (columns,): one pass each, as before
-            self.total += float(columns.sum())
-            self.absolute += float(magnitudes.sum())
-            self.squares += float(block.square().sum())
-            if weights is not None:
-                self.placed += factor * float(columns @ weights)
-                self.placed_absolute += factor * float(magnitudes @ weights)
+        bits = tensor.detach().contiguous().view(_BITS[tensor.element_size()])
+        matrix = bits.reshape(-1, bits.shape[-1]) if bits.dim() >= 2 else bits.reshape(1, -1)
+        columns = matrix.sum(dim=0, dtype=torch.int64)  # (columns,), exact: |bits| < 2^63 / rows
+        self.total += int(columns.sum())
+        if tensor.dim() >= 2:
+            weights = 1 + torch.arange(matrix.shape[1], device=matrix.device) % 97  # c_j, int64
+            # Σ_j c_j · columns_j as two int64 dot products that cannot overflow: columns = high · 2^24 + low
+            high = columns >> 24
+            low = columns - (high << 24)
+            self.placed += (1 + self.layer_of(name)) * ((int(high @ weights) << 24) + int(low @ weights))
 
     def add_as_held(self, tensor: torch.Tensor, dtype: torch.dtype, name: str = "") -> None:
         """Add a pushed tensor as the engine will hold it: cast to the engine's `dtype`."""
@@ -323,15 +319,7 @@ class WeightSums:
     def add_sums(self, other: WeightSums) -> None:
         """Add the sums of another set of tensors (this set and that one, as if added tensor by tensor)."""
         self.total += other.total
-        self.absolute += other.absolute
-        self.squares += other.squares
         self.placed += other.placed
-        self.placed_absolute += other.placed_absolute
-
-
-# Relative disagreement of two WeightSums above which a push did not land (float64 summation in another order
-# differs by ~1e-15; one step of a bf16 run changes the sums by far more, see check_weight_sums).
-WEIGHT_SUMS_TOLERANCE = 1e-10
 
 
 def summed(weights: Iterable[tuple[str, torch.Tensor]], sums: WeightSums,
@@ -342,46 +330,56 @@ def summed(weights: Iterable[tuple[str, torch.Tensor]], sums: WeightSums,
         yield name, tensor
 
 
-def _engine_sums_worker(worker) -> WeightSums:
-    sums = WeightSums()
-    for name, param in worker.model_runner.model.named_parameters():
-        sums.add(param, name)
+def in_scope(name: str, scope: frozenset[str] | None, packed: dict[str, list[str]]) -> bool:
+    """Whether the engine's parameter `name` is built from modules of `scope` only: a fused module
+    ("model.layers.3.self_attn.qkv_proj") from its parts as the model's `packed_modules_mapping` lists them (q_proj,
+    k_proj and v_proj), any other module from itself. None is the whole model."""
+    if scope is None:
+        return True
+    parent, _, module = name.rpartition(".")[0].rpartition(".")
+    return all(f"{parent}.{part}" in scope for part in packed.get(module, [module]))
+
+
+def _engine_sums_worker(worker, scope: frozenset[str] | None = None) -> WeightSums:
+    model = worker.model_runner.model
+    packed = getattr(model, "packed_modules_mapping", {})
+    sums = WeightSums(scope=scope)
+    for name, param in model.named_parameters():
+        if in_scope(name, scope, packed):
+            sums.add(param, name)
     return sums
 
 
-def engine_weight_sums(llm) -> WeightSums:
-    """The WeightSums of the engine's parameters (vLLM calls a function given to `collective_rpc` with its worker;
-    one worker here, tensor parallel 1). Shared parameters count once, as in the trainer's `named_parameters`."""
-    return llm.collective_rpc(_engine_sums_worker)[0]
+def engine_weight_sums(llm, scope: frozenset[str] | None = None) -> WeightSums:
+    """The WeightSums of the engine's parameters built from the modules of `scope` (all with None). vLLM calls a
+    function given to `collective_rpc` with its worker (one worker here, tensor parallel 1); the fused modules'
+    parts come from the model's `packed_modules_mapping` (vllm/model_executor/models/qwen2.py and llama.py,
+    the class attribute of the ...ForCausalLM models). Shared parameters count once, as in the trainer's
+    `named_parameters`."""
+    return llm.collective_rpc(_engine_sums_worker, kwargs={"scope": scope})[0]
 
 
-def check_weight_sums(pushed: WeightSums, engine: WeightSums, tolerance: float = WEIGHT_SUMS_TOLERANCE) -> float:
-    """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns the larger relative gap.
+def check_weight_sums(pushed: WeightSums, engine: WeightSums) -> float:
+    """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns 0.0 (the sums are exact
+    integers: equal, or the push failed).
 
     Differs from CANOE (docs/differences.md, D7): every weight push into vLLM is verified.
 
-    What it detects: any pushed value that did not land as sent (a stale or partial push, a push into an engine
-    whose memory was remapped, weights that vLLM changed after loading). Σw and Σw² both move unless the changes
-    cancel in both, which a step's update does not do: in bfloat16 a weight that changes moves by one rounding step
-    (2^-8 of its size), so a step that changes K of N weights of mean square w² moves Σw² by about
-    2^-7 · sqrt(K) · w², a relative change of ~1e-8 for K = 1e6 of N = 8e9, far above the tolerance (1e-10) and far
-    below what the probe can see. `placed` moves when a matrix landed transposed or in another layer's place. What
-    it cannot detect: an engine that computes wrongly from the right weights
-    (stale packed CPU kernels, an adapter applied wrongly) and weights vLLM holds that are not pushed; the probe
-    (`check_sync`) covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not parameters
+    What it detects: any pushed value that did not land bit for bit (a stale or partial push, a push into an engine
+    whose memory was remapped, weights that vLLM changed after loading), however small the change: one bfloat16
+    step of one weight of an 8B model moves `total`. `placed` moves when a matrix landed transposed or in another
+    layer's place. What it cannot detect: an engine that computes wrongly from the right weights (stale packed CPU
+    kernels, an adapter applied wrongly) and weights vLLM holds outside the sums' scope; the probe (`check_sync`)
+    covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not parameters
     (vllm/lora/layers/base_linear.py, `BaseLinearLayerWithLoRA.create_lora_weights`), so with the adapter pushed
     apart the sums cover W; the adapter is checked by its id (`AdapterPush`).
     """
-    gap = max(abs(pushed.total - engine.total) / max(pushed.absolute, 1e-30),
-              abs(pushed.squares - engine.squares) / max(pushed.squares, 1e-30),
-              abs(pushed.placed - engine.placed) / max(pushed.placed_absolute, 1e-30))
-    if not gap <= tolerance:
+    if (pushed.total, pushed.placed) != (engine.total, engine.placed):
         raise WeightSyncError(
-            f"weight push failed verification: the engine's weights do not sum to what was pushed (Σw {engine.total:.12g} "
-            f"vs {pushed.total:.12g}, Σw² {engine.squares:.12g} vs {pushed.squares:.12g}, placed {engine.placed:.12g} vs "
-            f"{pushed.placed:.12g}; relative gap {gap:.3g}, "
-            f"tolerance {tolerance:g}). Some pushed values did not land; stopping.")
-    return gap
+            f"weight push failed verification: the engine's weights do not sum to what was pushed (the sum of their "
+            f"bits {engine.total} vs {pushed.total}, placed {engine.placed} vs {pushed.placed}). Some pushed values "
+            f"did not land; stopping.")
+    return 0.0
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Fact tables for the synthetic faithfulness data (`python synth.py`).
+"""Fact tables for the synthetic faithfulness data (`python -m synthetic.synth`).
 
 Written for this project. Two kinds of facts:
 

@@ -20,7 +20,7 @@ asking for a short answer from the passage). Train and eval are built from disjo
 split first), so no eval subject appears in a training prompt. The output is a function of the arguments alone:
 the same seed writes byte-identical files.
 
-    python synth.py --out data/synth [--n 2000] [--eval-share 0.15] [--seed 42] [--confiqa]
+    python -m synthetic.synth --out data/synth [--n 2000] [--eval-share 0.15] [--seed 42] [--confiqa]
 
 `--confiqa` also writes the eval split's counterfactual rows as a ConFiQA file (`to_confiqa`), for
 `canoe.py --eval --suite confiqa --eval-file data/synth/eval-confiqa.json`.

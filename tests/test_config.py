@@ -149,16 +149,26 @@ def run_canoe(tmp_path: Path, config_text: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+def train_in_process(tmp_path: Path, config_text: str) -> str:
+    """canoe.py's command line run in this process on a config that must stop before training starts; returns
+    the message it exits with (what `python canoe.py` prints on stderr before exiting with status 1)."""
+    from training import cli
+
+    config = write(tmp_path, f'output_dir = "{tmp_path / "run"}"\n' + config_text)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["--config", str(config)], canoe.train)
+    assert not (tmp_path / "run").exists()  # stopped before anything was written
+    return str(stopped.value.code)
+
+
 def test_missing_model_path_is_a_clear_error(tmp_path):
-    result = run_canoe(tmp_path, f'model = "{tmp_path}/no-model"\n')
-    assert result.returncode != 0
-    assert f"error: model path '{tmp_path}/no-model' is not a Hugging Face model folder" in result.stderr
+    message = train_in_process(tmp_path, f'model = "{tmp_path}/no-model"\n')
+    assert message == f"error: model path '{tmp_path}/no-model' is not a Hugging Face model folder"
 
 
 def test_missing_data_path_is_a_clear_error(tmp_path):
-    result = run_canoe(tmp_path, f'model = "models/smoke-llama"\ntrain_file = "{tmp_path}/none.jsonl"\n')
-    assert result.returncode != 0
-    assert f"error: data file '{tmp_path}/none.jsonl' does not exist" in result.stderr
+    message = train_in_process(tmp_path, f'model = "{ROOT / "models" / "smoke-llama"}"\ntrain_file = "{tmp_path}/none.jsonl"\n')
+    assert message == f"error: data file '{tmp_path}/none.jsonl' does not exist"
 
 
 @pytest.mark.skipif(not (ROOT / "models" / "smoke-llama").exists(), reason="needs `make setup`")

@@ -84,8 +84,9 @@ class SleepModeEngine:
 
     @torch.no_grad()
     def collective_rpc(self, method, kwargs: dict | None = None):
-        if callable(method):  # vLLM calls a function with each worker (entrypoints/llm.py, `LLM.collective_rpc`); one here
-            return [method(SimpleNamespace(model_runner=SimpleNamespace(model=self.model)))]
+        if callable(method):  # vLLM calls a function with each worker and the kwargs (entrypoints/llm.py,
+            # `LLM.collective_rpc`; v1/serial_utils.py, `run_method`); one worker here
+            return [method(SimpleNamespace(model_runner=SimpleNamespace(model=self.model)), **(kwargs or {}))]
         assert method == "reload_weights", method
         self.events.append("reload_weights")
         if "weights" in self.asleep:

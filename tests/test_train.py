@@ -1,8 +1,9 @@
-"""End-to-end training under the DeepSpeed launcher, on the CPU, with the smoke recipe.
+"""End-to-end training on the CPU, with the smoke recipe.
 
-Each test launches `deepspeed canoe.py` for real (vLLM rollouts, rewards, loss, ZeRO updates, weight push) on the
-tiny format-taught model that `make setup` writes to models/smoke-llama, on prompts that model knows how to
-answer (so stage 2 has long answers to work with and rewards differ inside a group).
+Each test runs canoe.py for real (vLLM rollouts, rewards, loss, ZeRO updates, weight push), under the `deepspeed`
+launcher where the launch is part of what is tested (ranks, checkpoints and resumption) and as `python canoe.py`
+elsewhere, on the tiny format-taught model that `make setup` writes to models/smoke-llama, on prompts that model
+knows how to answer (so stage 2 has long answers to work with and rewards differ inside a group).
 """
 
 from __future__ import annotations
@@ -69,12 +70,19 @@ def free_port() -> int:
 
 
 def launch(config: Path, ranks: int = 1, *args: str, fault: str | None = None, expect_ok: bool = True,
-           root: Path = ROOT):
-    """`deepspeed canoe.py --config config` (with `fault`: tests/faults.py, which patches that fault in)."""
+           root: Path = ROOT, launcher: bool = True):
+    """`deepspeed canoe.py --config config` (with `fault`: tests/faults.py, which patches that fault in). Without
+    `launcher`, `python canoe.py` (a world of one, which canoe.py supports): for the tests about the driver's own
+    behaviour, which the launcher's start-up (seconds of imports) would only slow down."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     script = [str(root / "canoe.py")] if fault is None else [str(ROOT / "tests" / "faults.py"), "--fault", fault]
-    command = [str(ROOT / ".venv" / "bin" / "deepspeed"), "--num_gpus", str(ranks),
-               "--master_port", str(free_port()), *script, "--config", str(config), *args]
+    if launcher:
+        command = [str(ROOT / ".venv" / "bin" / "deepspeed"), "--num_gpus", str(ranks),
+                   "--master_port", str(free_port()), *script, "--config", str(config), *args]
+    else:
+        assert ranks == 1, "only the launcher starts several ranks"
+        env["MASTER_PORT"] = str(free_port())
+        command = [str(ROOT / ".venv" / "bin" / "python"), *script, "--config", str(config), *args]
     result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     if expect_ok and result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}")
@@ -173,24 +181,49 @@ def test_two_ranks(tmp_path, smoke_data, stage, lora_rank):
     assert len(set(problems)) == 2  # rank 0 writes its own samples only
 
 
-@pytest.mark.parametrize("name", ["full", "lora"])
-def test_resume_reproduces_uninterrupted_run(tmp_path, smoke_data, straight_runs, name):
-    straight, _ = straight_runs(name)
-    (tmp_path / "b").mkdir()
-    first = write_config(tmp_path / "b", smoke_data, **STRAIGHT[name])
-    stopped = launch(first, 1, fault="after_step_2", expect_ok=False)
-    assert stopped.returncode != 0
-    assert (tmp_path / "b" / "run" / "checkpoints" / "latest").read_text().strip() == "step-000002"
-    launch(first, 1, "--resume")
+# How each STRAIGHT run is interrupted before it is resumed and compared with the uninterrupted one (tests/faults.py):
+# the LoRA run dies right after checkpoint 2 is published, the full run while checkpoint 4 is being written, so that
+# its latest complete checkpoint is step 2's.
+INTERRUPTIONS = {"full": "mid_checkpoint_4", "lora": "after_step_2"}
 
-    a, b = read_jsonl(straight / "run" / "samples.jsonl"), read_jsonl(tmp_path / "b" / "run" / "samples.jsonl")
+
+@pytest.fixture(scope="module")
+def resumed_runs(tmp_path_factory, smoke_data):
+    """Each STRAIGHT run launched again, killed by its INTERRUPTIONS fault and resumed, on first use: {name: (its
+    folder, what the crash left)}; what the crash left: the launcher's exit code, the `latest` pointer, the
+    checkpoint folders, and a copy of the latest checkpoint's policy folder as it was before the resume."""
+    runs = {}
+
+    def get(name: str) -> tuple[Path, dict]:
+        if name not in runs:
+            folder = tmp_path_factory.mktemp(f"resumed-{name}")
+            config = write_config(folder, smoke_data, **STRAIGHT[name])
+            stopped = launch(config, 1, fault=INTERRUPTIONS[name], expect_ok=False)
+            checkpoints = folder / "run" / "checkpoints"
+            latest = (checkpoints / "latest").read_text().strip()
+            left = {"returncode": stopped.returncode, "latest": latest,
+                    "folders": sorted(path.name for path in checkpoints.iterdir() if path.is_dir()),
+                    "policy": shutil.copytree(checkpoints / latest / "policy", folder / "policy-at-crash")}
+            launch(config, 1, "--resume")
+            runs[name] = folder, left
+        return runs[name]
+    return get
+
+
+@pytest.mark.parametrize("name", ["full", "lora"])
+def test_resume_reproduces_uninterrupted_run(straight_runs, resumed_runs, name):
+    straight, _ = straight_runs(name)
+    resumed, left = resumed_runs(name)
+    assert left["returncode"] != 0 and left["latest"] == "step-000002"
+
+    a, b = read_jsonl(straight / "run" / "samples.jsonl"), read_jsonl(resumed / "run" / "samples.jsonl")
     assert [(s["step"], s["problem"], s["completion"]) for s in a] == [(s["step"], s["problem"], s["completion"]) for s in b]
-    wa, wb = policy_weights(straight / "run"), policy_weights(tmp_path / "b" / "run")
+    wa, wb = policy_weights(straight / "run"), policy_weights(resumed / "run")
     for key in wa:  # same data, same samples, same optimizer state: equal to float32 round-off
         torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=1e-6)
     if name == "lora":  # the adapters themselves, as PEFT saved them
         aa, ab = (load_file(run / "checkpoints" / "step-000004" / "adapter" / "adapter_model.safetensors")
-                  for run in (straight / "run", tmp_path / "b" / "run"))
+                  for run in (straight / "run", resumed / "run"))
         assert aa.keys() == ab.keys() and aa
         for key in aa:
             torch.testing.assert_close(ab[key], aa[key], rtol=0, atol=1e-6)
@@ -221,14 +254,12 @@ def test_lora_one_rank_zero2(straight_runs):
     assert all("lora_" in key for key in state if "layers" in key)  # no frozen decoder weight is stored again
 
 
-def test_crash_mid_checkpoint_leaves_previous_checkpoint_usable(tmp_path, smoke_data):
-    config = write_config(tmp_path, smoke_data, max_steps=3, save_every=1)
-    result = launch(config, 1, fault="mid_checkpoint_2", expect_ok=False)
-    assert result.returncode != 0
-    checkpoints = tmp_path / "run" / "checkpoints"
-    assert (checkpoints / "latest").read_text().strip() == "step-000001"
-    assert (checkpoints / "step-000002.tmp").exists() and not (checkpoints / "step-000002").exists()
-    policy = checkpoints / "step-000001" / "policy"
+def test_crash_mid_checkpoint_leaves_previous_checkpoint_usable(resumed_runs):
+    folder, left = resumed_runs("full")  # died while checkpoint 4 was written (INTERRUPTIONS)
+    assert left["returncode"] != 0
+    assert left["latest"] == "step-000002"
+    assert "step-000004.tmp" in left["folders"] and "step-000004" not in left["folders"]
+    policy = left["policy"]  # the latest checkpoint's policy as the crash left it
     script = f"""
 import os
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
@@ -241,21 +272,20 @@ print("GENERATED", len(out[0].outputs[0].token_ids))
 """
     done = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=600)
     assert "GENERATED" in done.stdout, done.stderr[-4000:]
-    # and training resumes from it
-    launch(config, 1, "--resume")
-    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]
+    # and training resumed from it
+    assert [m["step"] for m in read_jsonl(folder / "run" / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
 def test_failed_push_stops_the_run(tmp_path, smoke_data):
     config = write_config(tmp_path, smoke_data, max_steps=2)
-    result = launch(config, 1, fault="corrupt_push", expect_ok=False)
+    result = launch(config, 1, fault="corrupt_push", expect_ok=False, launcher=False)
     assert result.returncode != 0
     assert "weight push failed verification" in result.stdout + result.stderr
 
 
 def test_nonfinite_loss_skips_steps_then_stops(tmp_path, smoke_data):
     config = write_config(tmp_path, smoke_data, max_steps=4, max_bad_steps=2)
-    result = launch(config, 1, fault="nan_loss", expect_ok=False)
+    result = launch(config, 1, fault="nan_loss", expect_ok=False, launcher=False)
     assert result.returncode != 0
     assert "2 steps in a row had a non-finite loss" in result.stdout + result.stderr
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
@@ -266,7 +296,7 @@ def test_several_updates_per_rollout_make_the_ratio_and_the_importance_weights_a
     # μ = 2: the second pass trains a policy that already moved, so π_θ / π_old leaves 1 and the clip can act;
     # importance_cap = 2 weights each token by min(π_old / π_vLLM, 2)
     config = write_config(tmp_path, smoke_data, max_steps=2, num_iterations=2, importance_cap=2.0)
-    launch(config, 1)
+    launch(config, 1, launcher=False)
     check_run(tmp_path / "run", 2)
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert any(m["reward/total_std"] > 0 for m in metrics), "no group had rewards that differ"
@@ -295,28 +325,6 @@ def fork_repository(fork: Path) -> Path:
     return fork
 
 
-def test_the_readmes_reward_example_trains_and_is_logged(tmp_path, smoke_data):
-    # a fork: the repository's modules with the README's example appended, as it stands, to rewards.py
-    fork = fork_repository(tmp_path / "fork")
-    with open(fork / "rewards.py", "a") as f:
-        f.write("\n\n" + readme_reward_example())
-    config = write_config(tmp_path, smoke_data, max_steps=1, model=str(SMOKE_MODEL),
-                          rewards={"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0, "brevity": 0.5})
-    launch(config, 1, root=fork)
-    (metrics,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert 0.0 <= metrics["reward/brevity"] <= 1.0
-    samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
-    # the total is the weighted sum: the four 0/1 rewards plus half the brevity reward, per sample
-    assert all(s["reward"] * 2 == int(s["reward"] * 2) for s in samples)
-
-
-def test_time_budget_ends_the_run_with_a_checkpoint(tmp_path, smoke_data):
-    config = write_config(tmp_path, smoke_data, max_steps=3, max_minutes=0.001)  # spent after the first step
-    launch(config, 1)
-    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1]
-    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000001"
-
-
 MESSAGE_REWARD = '''
 def message_seen_reward(completions: list, message: list, problem: list, **kwargs) -> list[float]:
     """1.0 when this completion's `message` column is CANOE's chat for its own problem."""
@@ -326,22 +334,46 @@ REWARD_FUNCS["message_seen"] = message_seen_reward
 '''
 
 
-def test_canoe_training_rows_with_message_train_as_they_are(tmp_path, smoke_data):
-    # CANOE's final_10k.jsonl rows: problem, solution, the chat in `message` (a list of {role, content}), other
-    # columns. Our stage 2 builds its prompt from `problem`; `message` reaches every reward as a keyword
-    # argument, one value per completion, which a reward appended to a fork of rewards.py checks.
+@pytest.fixture(scope="module")
+def fork_run(tmp_path_factory, smoke_data) -> Path:
+    """One run of a user's fork, launched once and read by three tests: rewards.py with the README's reward example
+    appended as it stands and a reward that reads the `message` column; CANOE's final_10k.jsonl rows (problem,
+    solution, the chat in `message` as a list of {role, content}, other columns); three steps under a time budget
+    that the first step spends. Returns the folder that holds `run/`."""
+    folder = tmp_path_factory.mktemp("fork-run")
     rows = [{**row, "message": [{"role": "user", "content": row["problem"]}], "source": "canoe"}
             for row in read_jsonl(smoke_data)]
-    canoe_file = tmp_path / "final_10k.jsonl"
+    canoe_file = folder / "final_10k.jsonl"
     canoe_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    fork = fork_repository(tmp_path / "fork")
+    fork = fork_repository(folder / "fork")
     with open(fork / "rewards.py", "a") as f:
-        f.write("\n" + MESSAGE_REWARD)
-    config = write_config(tmp_path, canoe_file, max_steps=1, model=str(SMOKE_MODEL),
-                          rewards={"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0, "message_seen": 1.0})
-    launch(config, 1, root=fork)
-    check_run(tmp_path / "run", 1)
-    (metrics,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+        f.write("\n\n" + readme_reward_example() + "\n" + MESSAGE_REWARD)
+    config = write_config(folder, canoe_file, max_steps=3, max_minutes=0.001, model=str(SMOKE_MODEL),
+                          rewards={"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0, "brevity": 0.5,
+                                   "message_seen": 1.0})
+    launch(config, 1, root=fork, launcher=False)
+    return folder
+
+
+def test_the_readmes_reward_example_trains_and_is_logged(fork_run):
+    (metrics,) = read_jsonl(fork_run / "run" / "metrics.jsonl")
+    assert 0.0 <= metrics["reward/brevity"] <= 1.0
+    samples = read_jsonl(fork_run / "run" / "samples.jsonl")
+    # the total is the weighted sum: the five 0/1 rewards plus half the brevity reward, per sample
+    assert all(s["reward"] * 2 == int(s["reward"] * 2) for s in samples)
+
+
+def test_time_budget_ends_the_run_with_a_checkpoint(fork_run):
+    # max_steps 3, max_minutes 0.001: the budget is spent after the first step, which is the last
+    assert [m["step"] for m in read_jsonl(fork_run / "run" / "metrics.jsonl")] == [1]
+    assert (fork_run / "run" / "checkpoints" / "latest").read_text().strip() == "step-000001"
+
+
+def test_canoe_training_rows_with_message_train_as_they_are(fork_run):
+    # Our stage 2 builds its prompt from `problem`; `message` reaches every reward as a keyword argument, one value
+    # per completion, which the fork's message_seen reward checks.
+    check_run(fork_run / "run", 1)
+    (metrics,) = read_jsonl(fork_run / "run" / "metrics.jsonl")
     assert metrics["reward/message_seen"] == 1.0
 
 
@@ -354,7 +386,7 @@ def test_a_tied_model_trains_in_bfloat16(tmp_path, smoke_data, lora_rank):
     assert json.loads((SMOKE_MODEL / "config.json").read_text())["tie_word_embeddings"] is True
     config = write_config(tmp_path, smoke_data, max_steps=2, dtype="bfloat16", lora_rank=lora_rank, lora_alpha=16.0,
                           lora_push="adapter")
-    result = launch(config, 1)
+    result = launch(config, 1, launcher=False)
     assert "dtype: bfloat16 (set in the config)" in result.stdout
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
@@ -374,7 +406,7 @@ def test_auto_dtype_runs_end_to_end_either_way(tmp_path, smoke_data, cpu, dtype,
     resolves to on the machine running the suite cannot hide a break on the other kind. With LoRA, merged on the
     CPU: on the AMX side this is the bfloat16 merged push, held to the bfloat16 tolerance the trainer uses."""
     config = write_config(tmp_path, smoke_data, max_steps=2, dtype="auto", lora_rank=8, lora_alpha=16.0)
-    result = launch(config, 1, fault=f"{cpu}_machine")
+    result = launch(config, 1, fault=f"{cpu}_machine", launcher=False)
     assert f"dtype: {str(dtype).removeprefix('torch.')} ({reason}" in result.stdout
     run = tmp_path / "run"
     assert run_dtype(run) == dtype

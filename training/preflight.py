@@ -1,4 +1,4 @@
-"""Set-up checks: what canoe.setup verifies before it spends minutes loading models, so that a run that cannot
+"""Set-up checks: what canoe.train verifies before it spends minutes loading models, so that a run that cannot
 work stops at once with a message that says why and what to do.
 
 - `check_paths`: the model folder and the data file exist (with the `make` target that makes them).
@@ -30,7 +30,7 @@ def check_paths(cfg: Config, *, train: bool) -> None:
         raise SystemExit(f"error: model path {cfg.model!r} is not a Hugging Face model folder{hint}")
     path = Path(cfg.train_file if train else cfg.eval_file)
     if not path.exists():
-        hint = " (run `make data` or `python synth.py --out data/synth`)" if "synth" in str(path) else ""
+        hint = " (run `make data` or `python -m synthetic.synth --out data/synth`)" if "synth" in str(path) else ""
         raise SystemExit(f"error: data file {str(path)!r} does not exist{hint}")
 
 
