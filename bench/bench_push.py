@@ -10,8 +10,9 @@ trainable weights a little (LoRA's B, or every parameter, by a random step of th
   update measurement outside float32; otherwise reading every parameter);
 - `sums`: the trainer's weight sums of what is sent (outside float32 only, as in training);
 - `reload`: vLLM loading them in place (with the re-pack of its CPU kernels where they are packed);
-- `engine_sums`: the engine's weight sums read back through `collective_rpc` (outside float32 only);
-- `probe`: the trainer's and vLLM's log-probabilities of the probe completion;
+- `engine_sums`: the engine's weight sums of what was reloaded, read back through `collective_rpc` and checked
+  (outside float32 only);
+- `probe_trainer`, `probe_vllm`: the trainer's and vLLM's log-probabilities of the probe completion;
 - `push_and_verify`: the whole of canoe.push_and_verify, as a training step logs it (`time/weight_push`).
 
 Prints the median of each over the pushes, in seconds. Nothing is written but the run folder the set-up makes.
@@ -72,24 +73,26 @@ def main() -> None:
                                                                         changed_only=run.merged_push is not None)))
         else:
             weights = clock("weights", lambda: list(weight_sync.iter_full_parameters(model, cfg.zero_stage)))
-        if run.checksum:
-            sums = weight_sync.WeightSums()
-            clock("sums", lambda: [sums.add_as_held(tensor, run.checksum, name) for name, tensor in weights])
         partial = is_lora and run.merged_push is not None
+        if run.checksum:
+            sums = weight_sync.WeightSums(scope=frozenset(lora.hf_name(name) for name in lora.changed_modules(model))
+                                          if partial else None)
+            clock("sums", lambda: [sums.add_as_held(tensor, run.checksum, name) for name, tensor in weights])
         clock("reload", lambda: weight_sync.push_weights(run.llm, iter(weights), repack=False if partial else None,
                                                          partial=partial))
         if run.checksum:
-            clock("engine_sums", lambda: weight_sync.engine_weight_sums(run.llm))
+            engine = clock("engine_sums", lambda: weight_sync.engine_weight_sums(run.llm, sums.scope))
+            weight_sync.check_weight_sums(sums, engine)
         prompt, completion = run.probe
 
-        def probe():
+        def probe_trainer():
             run.engine.eval()
             with torch.no_grad():
                 packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])], run.device))
             run.engine.train()
-            weight_sync.vllm_token_logprobs(run.llm, prompt, completion, None)
 
-        clock("probe", probe)
+        clock("probe_trainer", probe_trainer)
+        clock("probe_vllm", lambda: weight_sync.vllm_token_logprobs(run.llm, prompt, completion, None))
         run.times.clear()
         clock("push_and_verify", lambda: canoe.push_and_verify(run))
     dtype = run.checksum or torch.float32

@@ -223,19 +223,21 @@ def merged_weights(layer: LoraLayer, merged_push: MergedPush | None = None, name
 
     Differs from CANOE (docs/differences.md, D17): the merge is built in new tensors; W is never merged in place.
 
-    By default the delta comes from PEFT's own `get_delta_weight` (the rule its `merge()` applies), summed over
-    the active adapters, and is added in W's dtype. Outside float32, `merged_push` measures what arrives (under
-    `name`) and, with feedback rounding, rounds Δ = s·B·A in float32 (`exact_delta`) with the residual instead
-    (`MergedPush.merge`). The caller gathers the layer's parameters first under ZeRO-3.
+    By default Δ = s·B·A is computed in float32 (`exact_delta`), rounded to W's dtype and added: PEFT's `merge()`
+    rule (`get_delta_weight`, which upcasts the adapters on the CPU), bit for bit on the CPU, without its extra
+    copies; on a GPU PEFT multiplies in bfloat16, which this does not. Adapters of embedding layers go through
+    PEFT's own `get_delta_weight`. Outside float32, `merged_push` measures what arrives (under `name`) and, with
+    feedback rounding, rounds W + Δ with the residual instead (`MergedPush.merge`). The caller gathers the layer's
+    parameters first under ZeRO-3.
     """
     base = layer.get_base_layer()
     measured = merged_push is not None and base.weight.dtype != torch.float32
     if measured and merged_push.rounding == "feedback":
         merged = {"weight": merged_push.merge(name, base.weight.detach(), exact_delta(layer))}
     else:
-        weight = base.weight.detach().clone()
+        weight = torch.add(base.weight.detach(), exact_delta(layer).to(base.weight.dtype))  # a new tensor
         for adapter in layer.active_adapters:
-            if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
+            if adapter in getattr(layer, "lora_embedding_A", {}):
                 weight += layer.get_delta_weight(adapter).detach().to(weight.dtype)
         if measured:
             merged_push.measure(name, base.weight.detach(), weight, lambda index: sampled_delta(layer, index))
@@ -264,12 +266,16 @@ def sampled_delta(layer: LoraLayer, index: torch.Tensor) -> torch.Tensor:
 def exact_delta(layer: LoraLayer) -> torch.Tensor:
     """Σ over the active adapters of s·B·A in float32 (PEFT's `get_delta_weight` rule for a linear layer, computed
     from the adapters' values upcast first, as PEFT does on the CPU), the update the merge should deliver."""
-    delta = torch.zeros(layer.get_base_layer().weight.shape, dtype=torch.float32,
-                        device=layer.get_base_layer().weight.device)
+    delta = None
     for adapter in layer.active_adapters:
         if adapter in layer.lora_A:
-            product = layer.lora_B[adapter].weight.float() @ layer.lora_A[adapter].weight.float()
-            delta += (product.T if layer.fan_in_fan_out else product) * layer.scaling[adapter]
+            product = layer.lora_B[adapter].weight.float() @ layer.lora_A[adapter].weight.float()  # (out, in)
+            product = product.mul_(layer.scaling[adapter])
+            product = product.T if layer.fan_in_fan_out else product
+            delta = product if delta is None else delta.add_(product)
+    if delta is None:
+        weight = layer.get_base_layer().weight
+        return torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
     return delta
 
 
@@ -295,13 +301,14 @@ def policy_weights(model: torch.nn.Module, zero_stage: int, merged_push: MergedP
     weights: weight_sync.iter_full_parameters.
     """
     sent = changed_modules(model) if changed_only else None
-    adapted: list[str] = []  # names of LoRA layers seen so far: their sub-modules are inside the merge
+    inside = None  # "NAME." of the last LoRA layer: named_modules lists a module's sub-modules right after it,
+    # and those of a LoRA layer are inside its merge
     seen: set[int] = set()  # ids of the parameters yielded so far (a tied head is the embedding's parameter)
     for name, module in model.named_modules():
-        if any(name.startswith(prefix + ".") for prefix in adapted):
+        if inside and name.startswith(inside):
             continue
         if isinstance(module, LoraLayer):
-            adapted.append(name)
+            inside = name + "."
             with gathered(list(module.parameters()), zero_stage):
                 merged = merged_weights(module, merged_push, hf_name(name))
             yield from ((f"{hf_name(name)}.{key}", tensor) for key, tensor in merged.items())

@@ -209,15 +209,17 @@ def push(llm, model: torch.nn.Module, zero_stage: int, *, sums: WeightSums | Non
 # The checks: the probe's log-probabilities, and the weights' sums
 
 
-PROBE_PROMPT_TOKENS = 48
+PROBE_PROMPT_TOKENS = 16
 
 
 def make_probe(tokenizer, prompt_ids: Sequence[int]) -> tuple[list[int], list[int]]:
     """A fixed prompt and completion whose log-probabilities vLLM and the trainer must agree on after a push.
 
-    The prompt is the last PROBE_PROMPT_TOKENS tokens of a training prompt (the question and the assistant turn's
-    opening): every weight acts on every token, so a short probe catches a push that did not land as well as a
-    long one, and checking it costs ~0.45 s a step instead of ~0.9 s with the whole prompt (SmolLM2, 2 cores).
+    The prompt is the last PROBE_PROMPT_TOKENS tokens of a training prompt (the end of the question and the
+    assistant turn's opening): every weight acts on every token, so a short probe catches a push that did not land
+    as well as a long one, and its cost grows with its length (the trainer's forward of it is most of the check).
+    Outside float32 the weights themselves are checked exactly by their sums (`check_weight_sums`); the probe
+    checks what computes with them (the packed CPU kernels, an adapter applied by vLLM).
     """
     completion = ("<think>The passage answers the question directly.</think>\n<long_answer>According to the "
                   "passage, the answer is stated in its first sentence.</long_answer>\n<answer>")
@@ -281,8 +283,8 @@ class WeightSums:
     ("layers.3." → 3; 0 elsewhere), both of which vLLM keeps. `total` sees a value that did not land; `placed` also
     sees values that landed in the wrong place: a transposed matrix (its columns become rows) and same-shape
     matrices of two layers swapped. Blind spots: rows swapped within a matrix, two same-shape matrices swapped
-    within one layer, and changes that cancel in both sums. One pass over the values (column sums of the bits in
-    int64), a few times cheaper than float64 sums.
+    within one layer, and changes that cancel in both sums. One pass over the values (column sums of the bits,
+    in int32 for 16-bit values), about 0.2 ns a value on a 2-core CPU against ~7 for float64 sums.
 
     `scope` names the modules (Hugging Face names, "model.layers.3.self_attn.q_proj") whose weights the sums cover
     when a push sends part of the model (`engine_weight_sums` then sums the engine's parameters built from those
@@ -303,7 +305,10 @@ class WeightSums:
     def add(self, tensor: torch.Tensor, name: str = "") -> None:
         bits = tensor.detach().contiguous().view(_BITS[tensor.element_size()])
         matrix = bits.reshape(-1, bits.shape[-1]) if bits.dim() >= 2 else bits.reshape(1, -1)
-        columns = matrix.sum(dim=0, dtype=torch.int64)  # (columns,), exact: |bits| < 2^63 / rows
+        if bits.element_size() == 2:  # int32 sums of 2^16 rows of int16 cannot overflow, and run ~10x faster
+            columns = sum(block.sum(dim=0, dtype=torch.int32).long() for block in matrix.split(1 << 16))
+        else:
+            columns = matrix.sum(dim=0, dtype=torch.int64)  # (columns,), exact below 2^32 rows
         self.total += int(columns.sum())
         if tensor.dim() >= 2:
             weights = 1 + torch.arange(matrix.shape[1], device=matrix.device) % 97  # c_j, int64

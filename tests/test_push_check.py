@@ -54,6 +54,24 @@ def test_weight_sums_see_through_fused_and_padded_layouts_but_not_a_changed_valu
         weight_sync.check_weight_sums(pushed, engine)
 
 
+def test_weight_sums_are_the_exact_integer_sums_of_the_bits():
+    """Σ bits and Σ (1 + layer) · (1 + j mod 97) · bits[i, j], computed here in Python integers: for bfloat16
+    (int16 bits, summed in int32 blocks) on a matrix taller than one block whose bits are all the extreme
+    -32768 or 32767, and for float32 (int32 bits)."""
+    torch.manual_seed(0)
+    extreme = torch.where(torch.rand(70_000, 3) < 0.5, -32768, 32767).to(torch.int16).view(torch.bfloat16)
+    for tensor, name in ((extreme, "model.layers.2.mlp.up_proj.weight"), (torch.randn(40, 130), "lm_head.weight"),
+                         (torch.randn(7).bfloat16(), "model.norm.weight")):
+        sums = weight_sync.WeightSums()
+        sums.add(tensor, name)
+        bits = tensor.view({2: torch.int16, 4: torch.int32}[tensor.element_size()]).reshape(-1, tensor.shape[-1])
+        columns = [sum(int(v) for v in bits[:, j]) for j in range(bits.shape[1])]
+        assert sums.total == sum(columns)
+        layer = 1 + weight_sync.WeightSums.layer_of(name)
+        expected = layer * sum((1 + j % 97) * c for j, c in enumerate(columns)) if tensor.dim() >= 2 else 0
+        assert sums.placed == expected
+
+
 def test_weight_sums_see_values_that_landed_in_the_wrong_place():
     """Every value landed, but a square matrix arrived transposed, or two layers' same-shape matrices swapped:
     the plain sum of the bits cannot tell, the column- and layer-weighted sum can; fused rows and zero padding it
