@@ -347,8 +347,8 @@ class AdapterPush:
     applied with add_adapter on each model run, `LRUCacheWorkerLoRAManager._apply_adapters`). The engine keeps
     one adapter (max_loras and max_cpu_loras 1, vllm/config/lora.py, `LoRAConfig` and
     `LoRAConfig._validate_lora_config`), so loading the new one evicts the previous one (worker_manager.py,
-    `LRUCacheWorkerLoRAManager.add_adapter`); the push checks that the engine holds exactly the new id and raises
-    WeightSyncError otherwise. Every request then names it (`request`, passed as `lora_request` to
+    `LRUCacheWorkerLoRAManager.add_adapter`); the push checks that the engine holds exactly the new id, and that
+    its LoRA slot holds the adapter's values bit for bit (`check_adapter`), and raises WeightSyncError otherwise. Every request then names it (`request`, passed as `lora_request` to
     `LLM.generate`). The LoRA slots are allocated while the model loads, in the "weights" memory pool
     (vllm/v1/worker/gpu_worker.py, `Worker.load_model`, and the model runner's `load_lora_model`, called from
     gpu_model_runner.py, `GPUModelRunner.load_model`), so a level-2 sleep discards them with the weights; the new
@@ -391,11 +391,66 @@ class AdapterPush:
         if held != {self.count}:
             raise weight_sync.WeightSyncError(f"adapter push failed: vLLM holds the adapters {sorted(held)}, not only the new "
                                   f"{self.count}; the engine would not sample from the adapter being trained")
+        check_adapter(llm, model, state, self.count)
         if self.request is not None:
             shutil.rmtree(self.request.lora_path, ignore_errors=True)
         self.request = request
         self.seconds = time.perf_counter() - start
         return self.seconds
+
+
+def adapter_sums(model: PeftModel, state: dict[str, torch.Tensor], dtype: torch.dtype) -> weight_sync.WeightSums | None:
+    """The WeightSums of the adapter `state` (`adapter_state`) as vLLM holds it once loaded: A cast to the engine's
+    LoRA dtype; B cast, then multiplied by its layer's scaling in that dtype, as vLLM folds s into B
+    (vllm/lora/lora_model.py, `LoRAModel.from_lora_tensors`, casts to `lora_dtype`, the model's dtype by default,
+    vllm/config/lora.py, `LoRAConfig.verify_with_model_config`; vllm/lora/lora_weights.py,
+    `LoRALayerWeights.optimize` and `PackedLoRALayerWeights.optimize`, multiply when s != 1). None when an adapter
+    is not a linear layer's (an embedding's), which the check does not cover."""
+    scalings = {hf_name(name): module.scaling for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    sums = weight_sync.WeightSums()
+    for name, tensor in state.items():
+        module, _, rest = hf_name(name).partition(".lora_")  # "model.layers.0.self_attn.q_proj", "B.default.weight"
+        if not rest.startswith(("A.", "B.")):
+            return None
+        held = tensor.to(dtype)
+        scaling = scalings[module][rest.split(".")[1]]
+        sums.add(held * scaling if rest.startswith("B.") and scaling != 1 else held, module)
+    return sums
+
+
+def _engine_adapter_sums_worker(worker, lora_id: int) -> weight_sync.WeightSums | None:
+    """In the worker: the WeightSums of the LoRA slot that holds `lora_id`, every module's stacked A and B of that
+    slot, each slice (q, k, v of qkv_proj) apart (vllm/lora/layers/base_linear.py, `lora_a_stacked`,
+    `lora_b_stacked`: (slots, 1, rank, in) and (slots, 1, out, max rank), zero beyond the adapter's own rank;
+    vllm/lora/model_manager.py, `LoRAModelManager.lora_index_to_id` and `modules`). None if no slot holds it."""
+    manager = worker.model_runner.lora_manager._adapter_manager
+    if lora_id not in manager.lora_index_to_id:
+        return None
+    slot = manager.lora_index_to_id.index(lora_id)
+    sums = weight_sync.WeightSums()
+    for name, module in manager.modules.items():
+        for a, b in zip(module.lora_a_stacked, module.lora_b_stacked):
+            sums.add(a[slot, 0], name)
+            sums.add(b[slot, 0], name)
+    return sums
+
+
+def check_adapter(llm, model: PeftModel, state: dict[str, torch.Tensor], lora_id: int) -> None:
+    """Raise WeightSyncError unless vLLM's LoRA slot of `lora_id` holds the adapter `state` bit for bit: the exact
+    sums of `adapter_sums` against the slot's (`weight_sync.WeightSums`; the layer index comes from the module
+    names, which vLLM keeps, so an adapter loaded into another layer's place is seen too). Rows of a packed module
+    (q, k and v) are its slices on vLLM's side and separate layers on PEFT's, which sums allow."""
+    expected = adapter_sums(model, state, llm.llm_engine.model_config.dtype)
+    if expected is None:
+        return
+    held = llm.collective_rpc(_engine_adapter_sums_worker, kwargs={"lora_id": lora_id})[0]
+    if held is None:
+        raise weight_sync.WeightSyncError(f"adapter push failed: no LoRA slot of the engine holds the adapter {lora_id}")
+    try:
+        weight_sync.check_weight_sums(expected, held)
+    except weight_sync.WeightSyncError as error:
+        raise weight_sync.WeightSyncError(f"adapter push failed: the engine's LoRA slot does not hold the adapter "
+                                          f"that was pushed ({error})") from None
 
 
 def push(llm, model: PeftModel, zero_stage: int, *, adapter: AdapterPush | None = None, base: bool = True,

@@ -377,7 +377,7 @@ def check_weight_sums(pushed: WeightSums, engine: WeightSums) -> float:
     kernels, an adapter applied wrongly) and weights vLLM holds outside the sums' scope; the probe (`check_sync`)
     covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not parameters
     (vllm/lora/layers/base_linear.py, `BaseLinearLayerWithLoRA.create_lora_weights`), so with the adapter pushed
-    apart the sums cover W; the adapter is checked by its id (`AdapterPush`).
+    apart the sums cover W; the adapter's own values are checked in vLLM's LoRA slot (lora.check_adapter).
     """
     if (pushed.total, pushed.placed) != (engine.total, engine.placed):
         raise WeightSyncError(

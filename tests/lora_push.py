@@ -10,9 +10,10 @@ first the weights without the merge (the base weights under their own names: the
 that skips the merge would do), then `lora.policy_weights` (W + s·B·A). Prints one JSON line.
 
 With `adapter` the engine gets vLLM's LoRA support (`make_engine(lora_rank=...)`, as with `lora_push = "adapter"`)
-and the adapter is pushed twice, with new values of B each time, through `lora.AdapterPush`; after each push the
-probe is run with and without the adapter's request: with it, vLLM must compute the adapted model; without it,
-the base. This is vLLM's LoRA path on the CPU for real (the GPU path is held by tests/test_push_check.py's
+and the adapter is pushed twice, with new values of B each time, through `lora.AdapterPush` (which checks that the
+engine's LoRA slot holds it bit for bit, `lora.check_adapter`, and after both the first adapter must fail that
+check); after each push the probe is run with and without the adapter's request: with it, vLLM must compute the
+adapted model; without it, the base. This is vLLM's LoRA path on the CPU for real (the GPU path is held by tests/test_push_check.py's
 stand-in only).
 """
 
@@ -61,18 +62,25 @@ def main(model_dir: str, mode: str) -> None:
     vocab = model.config.vocab_size
     prompt, completion = [(7 * i + 3) % vocab for i in range(24)], [(11 * i + 5) % vocab for i in range(16)]
     if mode == "adapter":
-        pushes = []
+        pushes, states = [], []
         push = lora.AdapterPush(tempfile.mkdtemp())
         for _ in range(2):
             perturb(model, generator)
             expected = trainer_logprobs(model, prompt, completion)
-            lora.push(llm, model, zero_stage=2, adapter=push)
+            states.append(lora.adapter_state(model, 2))
+            lora.push(llm, model, zero_stage=2, adapter=push)  # checks the engine's LoRA slot (lora.check_adapter)
             with_adapter = weight_sync.vllm_token_logprobs(llm, prompt, completion, push.request)
             without = weight_sync.vllm_token_logprobs(llm, prompt, completion)
             pushes.append({"gap": float((with_adapter - expected).abs().max()),
                            "base_gap": float((without - expected).abs().max()),
                            "id": push.request.lora_int_id, "held": sorted(llm.llm_engine.list_loras())})
-        print("RESULT " + json.dumps({"pushes": pushes}), flush=True)
+        try:  # the first push's adapter is not what the slot holds now
+            lora.check_adapter(llm, model, states[0], push.count)
+            stale_caught = False
+        except weight_sync.WeightSyncError:
+            stale_caught = True
+        lora.check_adapter(llm, model, states[1], push.count)  # and the second one is, still
+        print("RESULT " + json.dumps({"pushes": pushes, "stale_caught": stale_caught}), flush=True)
         return
     perturb(model, generator)
     expected = trainer_logprobs(model, prompt, completion)

@@ -166,12 +166,15 @@ def test_a_merged_push_lands_in_the_real_cpu_engine_and_an_unmerged_one_fails_th
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
 def test_the_adapter_push_lands_in_the_real_cpu_engine_under_a_new_id_each_time():
     """vLLM's own LoRA support on the CPU (lora_push = "adapter"): the request with the adapter computes the adapted
-    model, the plain request the base, and each push replaces the one adapter the engine holds."""
+    model, the plain request the base, each push replaces the one adapter the engine holds, and the slot holds the
+    pushed adapter bit for bit (lora.check_adapter, run by every push; a stale adapter fails it)."""
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "lora_push.py"), str(SMOKE_MODEL), "adapter"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stdout[-3000:] + done.stderr[-3000:]
-    pushes = json.loads(lines[-1].removeprefix("RESULT "))["pushes"]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    pushes = result["pushes"]
     assert [(p["id"], p["held"]) for p in pushes] == [(1, [1]), (2, [2])]
+    assert result["stale_caught"]  # the slot's exact sums tell the first adapter from the second
     for p in pushes:
         assert p["gap"] <= 1e-3 and p["base_gap"] > 1e-2, p

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -272,13 +273,20 @@ class LoraEngine(SleepModeEngine):
     - the slot is written on the device, so a sleeping engine faults, as for the weights (the LoRA buffers are
       allocated with the model, in the weights' memory);
     - `generate(..., lora_request=r)` applies W + s·B·A of the held adapter r (s = lora_alpha / r from its
-      adapter_config.json); without one, the base weights alone."""
+      adapter_config.json); without one, the base weights alone;
+    - the one LoRA slot holds the held adapter's A cast to the model's dtype and B cast, then multiplied by s
+      (lora/lora_model.py, `LoRAModel.from_lora_tensors`; lora/lora_weights.py, `LoRALayerWeights.optimize`), in
+      `lora_a_stacked` and `lora_b_stacked` of shape (slots, 1, rank, in) and (slots, 1, out, rank), and
+      `lora_index_to_id` names its id (lora/layers/base_linear.py, lora/model_manager.py), read by a function
+      given to `collective_rpc` through the worker's `model_runner.lora_manager._adapter_manager`."""
 
     def __init__(self, model):
         super().__init__(model)
         self.llm_engine = self
+        self.model_config = SimpleNamespace(dtype=next(model.parameters()).dtype)
         self.held: dict[int, dict[str, torch.Tensor]] = {}
         self.requests = []
+        self.lora_manager = SimpleNamespace(_adapter_manager=SimpleNamespace(lora_index_to_id=[None], modules={}))
 
     def add_lora(self, request) -> bool:
         self.events.append(f"add_lora({request.lora_int_id})")
@@ -290,15 +298,21 @@ class LoraEngine(SleepModeEngine):
         config = json.loads((folder / "adapter_config.json").read_text())
         state = load_file(str(folder / "adapter_model.safetensors"))
         scale = config["lora_alpha"] / config["r"]
-        deltas = {}
+        deltas, slot = {}, {}
+        dtype = self.model_config.dtype
         for key in state:
             if ".lora_A." in key:
                 module = key.removeprefix("base_model.model.").split(".lora_A.")[0]
                 B = state[key.replace(".lora_A.", ".lora_B.")]
                 deltas[module + ".weight"] = scale * B.float() @ state[key].float()
+                held_b = B.to(dtype) * scale if scale != 1 else B.to(dtype)
+                slot[module] = SimpleNamespace(lora_a_stacked=(state[key].to(dtype)[None, None],),
+                                               lora_b_stacked=(held_b[None, None],))
         if len(self.held) + 1 > 1:
             self.held.pop(next(iter(self.held)))
         self.held[request.lora_int_id] = deltas
+        manager = self.lora_manager._adapter_manager
+        manager.lora_index_to_id, manager.modules = [request.lora_int_id], slot
         return True
 
     def list_loras(self) -> set[int]:
@@ -344,6 +358,33 @@ def test_the_adapter_push_lands_under_a_new_id_after_the_weights_wake_and_every_
     assert llm.events[:7] == one_step + ["add_lora(1)", "wake_up(kv_cache)"]
     # step 1 sampled the base model (no adapter pushed yet), its probe and step 2 the adapter of push 1, then 2
     assert llm.requests == [None, 1, 1, 2]
+
+
+class StaleSlotEngine(LoraEngine):
+    """A LoRA engine that takes each new adapter id but keeps the first adapter's values in its slot (a load that
+    did not land): requests name the new id, the computation uses stale values."""
+
+    def add_lora(self, request) -> bool:
+        manager = self.lora_manager._adapter_manager
+        first = dict(manager.modules)
+        added = super().add_lora(request)
+        if first:
+            manager.modules = first
+        return added
+
+
+def test_an_adapter_that_did_not_land_in_the_slot_stops_the_run_at_its_push(tmp_path, process_group, monkeypatch):
+    """The probe's bfloat16 tolerance would let a stale adapter pass for steps at a small learning rate; the slot's
+    exact sums (lora.check_adapter) stop the run at the first push whose values did not land."""
+    from test_lora import adapted
+
+    monkeypatch.setattr(canoe, "score", fixed_rewards)
+    run, _ = make_run(tmp_path, sleep=False, policy=adapted(tiny_model()), beta=0.04)
+    run.llm = StaleSlotEngine(tiny_model())
+    run.adapter = lora.AdapterPush(tmp_path / "vllm-adapter" / "rank-0")
+    canoe.train_step(run)  # push 1 lands: the slot was empty
+    with pytest.raises(weight_sync.WeightSyncError, match="LoRA slot does not hold the adapter"):
+        canoe.train_step(run)
 
 
 def test_without_a_discarding_sleep_the_adapter_push_sends_the_adapter_alone(tmp_path, process_group, monkeypatch):

@@ -86,7 +86,8 @@ class SleepModeEngine:
     def collective_rpc(self, method, kwargs: dict | None = None):
         if callable(method):  # vLLM calls a function with each worker and the kwargs (entrypoints/llm.py,
             # `LLM.collective_rpc`; v1/serial_utils.py, `run_method`); one worker here
-            return [method(SimpleNamespace(model_runner=SimpleNamespace(model=self.model)), **(kwargs or {}))]
+            runner = SimpleNamespace(model=self.model, lora_manager=getattr(self, "lora_manager", None))
+            return [method(SimpleNamespace(model_runner=runner), **(kwargs or {}))]
         assert method == "reload_weights", method
         self.events.append("reload_weights")
         if "weights" in self.asleep:
