@@ -503,7 +503,8 @@ def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
         run.times["adapter_push"] = run.adapter.seconds
     more = run.merged_push.metrics() if run.merged_push else {}  # outside float32: how much of the update arrives
     if run.checksum:
-        more["sync/weight_sums_gap"] = weight_sync.check_weight_sums(sums, weight_sync.engine_weight_sums(run.llm, sums.scope))
+        engine_sums = weight_sync.engine_weight_sums(run.llm, sums.scope)  # over what the push sent
+        more["sync/weight_sums_gap"] = weight_sync.check_weight_sums(sums, engine_sums)
     weight_sync.wake_kv_cache(run.llm, run.sleep)
     prompt, completion = run.probe
     run.engine.eval()

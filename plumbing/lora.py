@@ -270,7 +270,7 @@ def exact_delta(layer: LoraLayer) -> torch.Tensor:
     for adapter in layer.active_adapters:
         if adapter in layer.lora_A:
             product = layer.lora_B[adapter].weight.float() @ layer.lora_A[adapter].weight.float()  # (out, in)
-            product = product.mul_(layer.scaling[adapter])
+            product.mul_(layer.scaling[adapter])
             product = product.T if layer.fan_in_fan_out else product
             delta = product if delta is None else delta.add_(product)
     if delta is None:
@@ -348,8 +348,8 @@ class AdapterPush:
     one adapter (max_loras and max_cpu_loras 1, vllm/config/lora.py, `LoRAConfig` and
     `LoRAConfig._validate_lora_config`), so loading the new one evicts the previous one (worker_manager.py,
     `LRUCacheWorkerLoRAManager.add_adapter`); the push checks that the engine holds exactly the new id, and that
-    its LoRA slot holds the adapter's values bit for bit (`check_adapter`), and raises WeightSyncError otherwise. Every request then names it (`request`, passed as `lora_request` to
-    `LLM.generate`). The LoRA slots are allocated while the model loads, in the "weights" memory pool
+    its LoRA slot holds the adapter's values bit for bit (`check_adapter`), and raises WeightSyncError otherwise.
+    Every request then names it (`request`, passed as `lora_request` to `LLM.generate`). The LoRA slots are allocated while the model loads, in the "weights" memory pool
     (vllm/v1/worker/gpu_worker.py, `Worker.load_model`, and the model runner's `load_lora_model`, called from
     gpu_model_runner.py, `GPUModelRunner.load_model`), so a level-2 sleep discards them with the weights; the new
     id is activated into its slot when it is added, after the weights are woken (canoe.push_and_verify's order),
@@ -464,10 +464,9 @@ def push(llm, model: PeftModel, zero_stage: int, *, adapter: AdapterPush | None 
     Without `adapter`: `policy_weights`, the merged W + s·B·A, rounded with error
     feedback outside float32, and, unless `base`, only what training changes (`MergedPush`); the frozen rest is
     what the engine loaded at start, and the sums' `scope` is what was sent (the engine's side sums the parameters
-    it rebuilt from those modules). With `adapter`: the base
-    weights W, exactly as the trainer holds them, where `base`, then the adapter (`AdapterPush`); W is frozen and
-    the engine loaded the same W from the model folder at start, so without a sleep W is never pushed, and its sums
-    come from `AdapterPush.base_sums`.
+    it rebuilt from those modules). With `adapter`: the base weights W, exactly as the trainer holds them, where
+    `base`, then the adapter (`AdapterPush`); W is frozen and the engine loaded the same W from the model folder at
+    start, so without a sleep W is never pushed, and its sums come from `AdapterPush.base_sums`.
     """
     if adapter is None:
         partial = merged_push is not None and not base

@@ -308,7 +308,7 @@ class WeightSums:
         if bits.element_size() == 2:  # int32 sums of 2^16 rows of int16 cannot overflow, and run ~10x faster
             columns = sum(block.sum(dim=0, dtype=torch.int32).long() for block in matrix.split(1 << 16))
         else:
-            columns = matrix.sum(dim=0, dtype=torch.int64)  # (columns,), exact below 2^32 rows
+            columns = matrix.sum(dim=0, dtype=torch.int64)  # (columns,), exact for 32-bit values below 2^32 rows
         self.total += int(columns.sum())
         if tensor.dim() >= 2:
             weights = 1 + torch.arange(matrix.shape[1], device=matrix.device) % 97  # c_j, int64
