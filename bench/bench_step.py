@@ -216,6 +216,10 @@ def main() -> None:
     parser.add_argument("--only", choices=["ours", "trl"], help="run one side alone")
     parser.add_argument("--micro-prompts", type=int, default=2,
                         help="prompts per forward/backward micro-batch on both sides (TRL: x7 completions)")
+    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank on both sides (0: full fine-tuning)")
+    parser.add_argument("--lora-alpha", type=float, default=32.0)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the weights' dtype on both sides (TRL: the model loaded in it)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if args.steps < 1:
@@ -226,7 +230,8 @@ def main() -> None:
     for path in (model, data):
         if not path.exists():
             raise SystemExit(f"{path} not found")
-    flags = ["--model", str(model), "--data", str(data), "--seed", str(args.seed), *BATCH_FLAGS]
+    flags = ["--model", str(model), "--data", str(data), "--seed", str(args.seed), *BATCH_FLAGS,
+             "--lora-rank", str(args.lora_rank), "--lora-alpha", str(args.lora_alpha), "--dtype", args.dtype]
 
     sides = []  # (key, Worker, core phases): ours first, so the order is ours, TRL, ours, TRL, ...
     try:
@@ -256,8 +261,9 @@ def main() -> None:
 
     summaries = {key: summarize(worker, core, args.steps) for key, worker, core in sides}
     print()
-    print(f"settings: {' '.join(BATCH_FLAGS)} --seed {args.seed}; model {args.model}; data {args.data}; "
-          f"{args.steps} measured steps each after 1 warm-up, alternating")
+    adapters = f"LoRA rank {args.lora_rank}, alpha {args.lora_alpha:g}" if args.lora_rank else "full fine-tuning"
+    print(f"settings: {' '.join(BATCH_FLAGS)} --seed {args.seed}; model {args.model}; {adapters}; {args.dtype}; "
+          f"data {args.data}; {args.steps} measured steps each after 1 warm-up, alternating")
     if "trl" in summaries:
         info = summaries["trl"]["info"]
         print(f"TRL: {info.get('trainer')}, generation by {info.get('generation')}; rewards: {info.get('rewards')}; "
@@ -284,7 +290,8 @@ def main() -> None:
     if args.json:
         figures = {
             "settings": {"batch_flags": BATCH_FLAGS, "seed": args.seed, "model": args.model, "data": args.data,
-                         "steps": args.steps},
+                         "steps": args.steps, "lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha,
+                         "dtype": args.dtype},
             **summaries,
             "step_time_ratio_ours_over_trl": ratio,
         }

@@ -5,7 +5,7 @@ reference log-probs, forward/backward, optimizer, weight push and its verificati
 `{"seconds": s, "phases": {...}}`; `quit` → `{"peak_rss_mib": x}` and exit. Everything else goes to stderr.
 
 The batch: `--prompts` prompts per step in micro-batches of `--micro-prompts` prompts (2 = 14 sequences, as TRL's
-side by default), `--generations` samples each, `--max-new-tokens`, β and learning rate as given; ZeRO-2, float32, one rank.
+side by default), `--generations` samples each, `--max-new-tokens`, β, learning rate, LoRA and dtype as given; ZeRO-2, one rank.
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--temperature", type=float, default=0.9)
     parser.add_argument("--micro-prompts", type=int, default=2, help="prompts per forward/backward micro-batch")
+    parser.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning")
+    parser.add_argument("--lora-alpha", type=float, default=32.0)
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
     if args.prompts % args.micro_prompts:
         raise SystemExit("--prompts must be a multiple of --micro-prompts")
@@ -49,6 +52,7 @@ def main() -> None:
         num_generations=args.generations, max_completion_tokens=args.max_new_tokens, temperature=args.temperature,
         prompts_per_device=per_micro, gradient_accumulation_steps=args.prompts // per_micro, beta=args.beta,
         learning_rate=args.lr, warmup_ratio=0.0, lr_scheduler="constant", max_steps=10**6, max_prompt_tokens=512,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, dtype=args.dtype,
     )
     protocol = sys.stdout
     with contextlib.redirect_stdout(sys.stderr):  # only protocol lines on stdout

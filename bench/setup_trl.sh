@@ -17,10 +17,11 @@ TRL_VERSION=1.16.0
 PINS=(
     "torch==2.13.0"
     "trl==${TRL_VERSION}"
+    "peft==0.21.2"
     "math-verify[antlr4_13_2]==0.9.0"
     "latex2sympy2_extended==1.11.0"
 )
-MARKER="$VENV/.installed-trl-${TRL_VERSION}"
+MARKER="$VENV/.installed-trl-${TRL_VERSION}-peft"
 
 if [[ -f "$MARKER" ]]; then
     echo "$VENV is ready (trl==${TRL_VERSION}); remove $MARKER to reinstall"

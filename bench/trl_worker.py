@@ -79,7 +79,10 @@ from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 import trl  # noqa: E402
+from peft import LoraConfig  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from config import LORA_TARGETS  # noqa: E402
 
 def log(message: str) -> None:
     print(f"[trl_worker] {message}", file=sys.stderr, flush=True)
@@ -228,13 +231,19 @@ def build_trainer(
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,
+        # The model loaded in the dtype of our side's weights (not autocast: `bf16=True` would keep float32 weights).
+        model_init_kwargs={"dtype": getattr(torch, args.dtype)},
     )
+    # The same adapters as our side's (config.LORA_TARGETS, no dropout, PEFT's default initialisation).
+    peft_config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
+                             target_modules=list(LORA_TARGETS)) if args.lora_rank else None
     trainer = GRPOTrainer(
         model=args.model,
         reward_funcs=reward_funcs,
         args=config,
         train_dataset=Dataset.from_list(rows),
         callbacks=[gate],
+        peft_config=peft_config,
     )
     # Timing wrappers on the instance; TRL calls these through `self.`, so its own code is unchanged.
     trainer._generate_and_score_completions = clock.wrap(
@@ -267,6 +276,8 @@ def build_trainer(
         "steps_per_generation": config.steps_per_generation,
         "gradient_checkpointing": config.gradient_checkpointing,
         "loss_type": config.loss_type,
+        "lora": f"rank {args.lora_rank}, alpha {args.lora_alpha:g}" if args.lora_rank else "none",
+        "dtype": args.dtype,
         "reference_model": trainer.ref_model is not None,
     }
     return trainer, info
@@ -294,6 +305,9 @@ def main() -> None:
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="TRL's default; off here, as in our trainer"
     )
+    parser.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning")
+    parser.add_argument("--lora-alpha", type=float, default=32.0)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
 
     clock = PhaseClock()

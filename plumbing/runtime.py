@@ -61,7 +61,37 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
         deepspeed.init_distributed()
     else:
         deepspeed.init_distributed(timeout=datetime.timedelta(minutes=timeout_minutes))
-    return dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    unlink_shm_buffer(rank, world_size)
+    return rank, world_size
+
+
+def shm_buffer(rank: int) -> Path:
+    """Where DeepSpeed's CPU all-reduce keeps `rank`'s buffer: a file of /dev/shm named by the user, MASTER_ADDR,
+    MASTER_PORT and the rank (deepspeed/ops/csrc/cpu/comm/shm.cpp, `shm_initialize`)."""
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    return Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
+
+
+def unlink_shm_buffer(rank: int, world_size: int) -> None:
+    """Remove this rank's DeepSpeed shared-memory buffer from /dev/shm as soon as every rank has mapped it.
+
+    On a CPU, when every rank runs on one machine, DeepSpeed 0.19.8 gives each rank a 64 MiB all-reduce buffer in
+    /dev/shm (`TorchBackend.__init__` in deepspeed/comm/torch.py calls the shm op's `initialize`) and never removes
+    it (`shared_close` in shm.cpp, the only `shm_unlink`, is never called): each run, ended or killed, would leave
+    64 MiB of memory in the tmpfs until the machine restarts (a few hundred runs fill a 24 GB machine). A rank's
+    `shm_initialize` returns only once it has opened every other rank's buffer, so after a barrier no rank needs the
+    names: unlinked, the memory goes back when the last process holding a mapping exits, however it exits.
+    DeepSpeed's own condition decides whether there is a buffer (`initialize` in shm_interface.cpp: the shm op was
+    built, which it is on the CPU accelerator only, and the world is LOCAL_SIZE ranks), so that every rank takes
+    the same branch around the barrier; a stale file of an earlier run does not.
+    """
+    backend = deepspeed.comm.comm.cdb
+    if getattr(backend, "shm_comm_op", None) is None or os.environ.get("LOCAL_SIZE") != str(world_size):
+        return
+    if world_size > 1:
+        dist.barrier()
+    shm_buffer(rank).unlink(missing_ok=True)
 
 
 # CPU instructions that compute in bfloat16 natively (Linux's names in /proc/cpuinfo). Without them torch and

@@ -76,16 +76,19 @@ def launch(config: Path, ranks: int = 1, *args: str, fault: str | None = None, e
     behaviour, which the launcher's start-up (seconds of imports) would only slow down."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     script = [str(root / "canoe.py")] if fault is None else [str(ROOT / "tests" / "faults.py"), "--fault", fault]
+    port = free_port()
     if launcher:
         command = [str(ROOT / ".venv" / "bin" / "deepspeed"), "--num_gpus", str(ranks),
-                   "--master_port", str(free_port()), *script, "--config", str(config), *args]
+                   "--master_port", str(port), *script, "--config", str(config), *args]
     else:
         assert ranks == 1, "only the launcher starts several ranks"
-        env["MASTER_PORT"] = str(free_port())
+        env["MASTER_PORT"] = str(port)
         command = [str(ROOT / ".venv" / "bin" / "python"), *script, "--config", str(config), *args]
     result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     if expect_ok and result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}")
+    # every run, ended or killed, leaves its ranks' DeepSpeed all-reduce buffers out of /dev/shm (runtime.unlink_shm_buffer)
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     return result
 
 
