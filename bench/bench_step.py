@@ -3,6 +3,8 @@
     bash bench/setup_trl.sh                      # once: TRL in its own environment, .venv-trl
     .venv/bin/python bench/bench_step.py --data data/synth/train.jsonl [--steps 3] [--seed 42] [--json out.json]
     .venv/bin/python bench/bench_step.py --data D.jsonl --only trl --steps 2      # one side alone
+    .venv/bin/python bench/bench_step.py --model models/Qwen2.5-Coder-0.5B-Instruct --data D.jsonl \
+        --lora-rank 16 --lora-alpha 32 --dtype bfloat16 --micro-prompts 1           # the default's model, LoRA, dtype
 
 Both workers are started up front and stay alive (`bench/ours_worker.py` in .venv, `bench/trl_worker.py` in
 .venv-trl), so model loading and start-up never count. Each gets the same model, data file, seed and batch:
@@ -27,7 +29,9 @@ so it samples once per step where we sample twice and it has no influence reward
 (`--micro-prompts`, default 2 prompts = 14 sequences, the same on both sides) matches ours; its
 gradient checkpointing is off, as in our config (see trl_worker.py).
 
-Memory: both workers are alive at once. TRL alone peaked at 16 GiB (micro-batch 14, no checkpointing) on the
+Memory: both workers are alive at once. With the default's model in bfloat16 and LoRA, TRL alone peaked at 17 GiB
+(micro-batch 7) and was killed for memory beside our worker on a 24 GiB machine: there the sides are run one after
+the other with `--only`, and the timings are then not interleaved (bench/RESULTS.md says which). TRL alone peaked at 16 GiB (micro-batch 14, no checkpointing) on the
 24 GiB development machine, so the two sides together can run out of memory there; a smaller micro-batch on both
 sides is the way out, not running them one after the other (the alternation is what makes the timings fair).
 """
