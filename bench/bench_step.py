@@ -29,11 +29,11 @@ so it samples once per step where we sample twice and it has no influence reward
 (`--micro-prompts`, default 2 prompts = 14 sequences, the same on both sides) matches ours; its
 gradient checkpointing is off, as in our config (see trl_worker.py).
 
-Memory: both workers are alive at once. With the default's model in bfloat16 and LoRA, TRL alone peaked at 17 GiB
-(micro-batch 7) and was killed for memory beside our worker on a 24 GiB machine: there the sides are run one after
-the other with `--only`, and the timings are then not interleaved (bench/RESULTS.md says which). TRL alone peaked at 16 GiB (micro-batch 14, no checkpointing) on the
-24 GiB development machine, so the two sides together can run out of memory there; a smaller micro-batch on both
-sides is the way out, not running them one after the other (the alternation is what makes the timings fair).
+Memory: both workers are alive at once, and the alternation is what makes the timings fair. TRL alone peaked at
+16 GiB with SmolLM2-135M (micro-batch 14, no checkpointing) on the 24 GiB development machine, so the two sides
+together can run out of memory there; a smaller micro-batch on both sides is the first way out. With the default's
+model in bfloat16 and LoRA, TRL peaked at 17 GiB even at micro-batch 7 and was killed beside our worker: there the
+sides can only run one after the other (`--only`), their timings then not interleaved (bench/RESULTS.md says which).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ reference log-probs, forward/backward, optimizer, weight push and its verificati
 `{"seconds": s, "phases": {...}}`; `quit` → `{"peak_rss_mib": x}` and exit. Everything else goes to stderr.
 
 The batch: `--prompts` prompts per step in micro-batches of `--micro-prompts` prompts (2 = 14 sequences, as TRL's
-side by default), `--generations` samples each, `--max-new-tokens`, β, learning rate, LoRA and dtype as given; ZeRO-2, one rank.
+side by default), `--generations` samples each, `--max-new-tokens`, β, learning rate, LoRA and dtype as given;
+ZeRO-2, one rank.
 """
 
 from __future__ import annotations

@@ -84,6 +84,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from config import LORA_TARGETS  # noqa: E402
 
+
 def log(message: str) -> None:
     print(f"[trl_worker] {message}", file=sys.stderr, flush=True)
 

@@ -13,8 +13,8 @@ With `adapter` the engine gets vLLM's LoRA support (`make_engine(lora_rank=...)`
 and the adapter is pushed twice, with new values of B each time, through `lora.AdapterPush` (which checks that the
 engine's LoRA slot holds it bit for bit, `lora.check_adapter`, and after both the first adapter must fail that
 check); after each push the probe is run with and without the adapter's request: with it, vLLM must compute the
-adapted model; without it, the base. This is vLLM's LoRA path on the CPU for real (the GPU path is held by tests/test_push_check.py's
-stand-in only).
+adapted model; without it, the base. This is vLLM's LoRA path on the CPU for real (the GPU path is held by
+tests/test_push_check.py's stand-in only).
 """
 
 from __future__ import annotations
