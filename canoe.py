@@ -215,17 +215,16 @@ def restore(run: Run) -> None:
 def train_step(run: Run) -> Step:
     """One Dual-GRPO step on this rank's next batch of B prompts (N = B·G completions); returns what happened."""
     cfg, G = run.cfg, run.cfg.num_generations
-    rows = [run.rows[i] for i in run.sampler.next_batch()]  # B prompts
+    counts_before = reward_counts(run)
 
     # 1. Rollout (vLLM). Stage 1: G samples per prompt. Stage 2: each sample's long answer in place of its
-    #    prompt's context, one new sample from that (None where there is no long answer to put in). Then vLLM's
-    #    memory goes to the trainer until step 6 (CUDA sleep mode; nothing happens on the CPU).
-    completions = sample_stage1(run, rows)  # N completions, prompt-major
-    stage2 = sample_stage2(run, rows, completions)  # N entries
+    #    prompt's context, one new sample from that (None where there is no long answer to put in).
+    # 2. Rewards: each configured reward function, and their weighted sum. With dynamic sampling, groups whose
+    #    rewards are all equal are replaced by groups of newly drawn prompts, up to `dynamic_sampling_draws` times.
+    #    Then vLLM's memory goes to the trainer until step 6 (CUDA sleep mode; nothing happens on the CPU).
+    rows, completions, stage2, per_reward, draw_counts = rollout_and_score(run)  # B, N, N entries, (N, R)
     weight_sync.sleep_engine(run.llm, run.sleep)
-
-    # 2. Rewards: each configured reward function, and their weighted sum.
-    per_reward, reward_means = score(run, rows, completions, stage2)  # (N, R)
+    reward_means = reward_metrics(run, rows, completions, per_reward, counts_before) | draw_counts
     rewards = per_reward @ run.reward_weights  # (N,)
 
     # 3. Group-relative advantages: of the weighted sum (CANOE), or the weighted sum of each reward's own
@@ -266,11 +265,65 @@ def train_step(run: Run) -> Step:
                 zero_variance_groups(rewards, G), push_metrics)
 
 
-def sampling(run: Run) -> dict[str, Any]:
+def rollout_and_score(run: Run) -> tuple[list[dict], list, rollout.Stage2, torch.Tensor, dict[str, float]]:
+    """This rank's next B prompts, sampled in both stages and scored: rows, N completions, stage 2, `(N, R)`
+    scores, and the counts of extra draws and replaced groups (`rollout/` metrics).
+
+    Dynamic sampling (DAPO, Yu et al. 2025, arXiv 2503.14476, section 3.2) with `dynamic_sampling_draws` = D > 0:
+    a group whose weighted rewards are all equal has advantages 0 and teaches nothing, so while some rank holds
+    such a group and fewer than D extra draws were made, every rank draws its next B prompts and samples and scores
+    them; each flat group is replaced, in order, by a new group whose rewards vary (`refills`). Groups still flat
+    after D draws stay. The ranks draw together, so their samplers stay in step (and a checkpoint resumes them).
+    Differs from CANOE (docs/differences.md, D15): an option, off by default.
+    """
+    cfg, G = run.cfg, run.cfg.num_generations
+    rows = [run.rows[i] for i in run.sampler.next_batch()]  # B prompts
+    completions, stage2, per_reward = sample_and_score(run, rows, draw=0)
+    counts = {"rollout/extra_draws": 0, "rollout/replaced_groups": 0}
+    for draw in range(1, cfg.dynamic_sampling_draws + 1):
+        flat = zero_variance_groups(per_reward @ run.reward_weights, G)  # (B,)
+        (anyone,) = all_reduce_values([float(flat.any())], op=dist.ReduceOp.MAX)
+        if not anyone:
+            break
+        counts["rollout/extra_draws"] += 1
+        fresh_rows = [run.rows[i] for i in run.sampler.next_batch()]
+        fresh, fresh_stage2, fresh_scores = sample_and_score(run, fresh_rows, draw)
+        for slot, source in refills(flat, ~zero_variance_groups(fresh_scores @ run.reward_weights, G)):
+            rows[slot] = fresh_rows[source]
+            into, out_of = slice(slot * G, (slot + 1) * G), slice(source * G, (source + 1) * G)
+            completions[into], per_reward[into] = fresh[out_of], fresh_scores[out_of]
+            stage2.problems[into] = fresh_stage2.problems[out_of]
+            stage2.completions[into] = fresh_stage2.completions[out_of]
+            counts["rollout/replaced_groups"] += 1
+        stage2 = dataclasses.replace(stage2, too_long=stage2.too_long + fresh_stage2.too_long)  # over every draw
+    return rows, completions, stage2, per_reward, counts
+
+
+def refills(flat: torch.Tensor, varied: torch.Tensor) -> list[tuple[int, int]]:
+    """(slot, source) pairs: the i-th flat group of the batch (`flat`, (B,) bool) is replaced by the i-th varied
+    group of a new draw (`varied`, (B,) bool), as far as the varied groups go.
+
+    >>> refills(torch.tensor([True, False, True]), torch.tensor([False, True, True]))
+    [(0, 1), (2, 2)]
+    """
+    return list(zip(flat.nonzero().flatten().tolist(), varied.nonzero().flatten().tolist()))
+
+
+def sample_and_score(run: Run, rows: list[dict], draw: int) -> tuple[list, rollout.Stage2, torch.Tensor]:
+    completions = sample_stage1(run, rows, draw)  # N completions, prompt-major
+    stage2 = sample_stage2(run, rows, completions, draw)  # N entries
+    return completions, stage2, score(run, rows, completions, stage2)  # (N, R)
+
+
+def sampling(run: Run, draw: int) -> dict[str, Any]:
+    """The sampling settings of a step's `draw`-th rollout (0: the step's own; more only with dynamic sampling).
+
+    Differs from CANOE (docs/differences.md, D8): sampling is seeded per step, stage and rank (and draw).
+    """
     cfg = run.cfg
-    # Differs from CANOE (docs/differences.md, D8): sampling is seeded per step, stage and rank.
+    step = run.step if draw == 0 else f"{run.step}+{draw}"
     return dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_tokens, seed=cfg.seed,
-                step=run.step, rank=run.rank, lora_request=run.adapter.request if run.adapter else None)
+                step=step, rank=run.rank, lora_request=run.adapter.request if run.adapter else None)
 
 
 def with_prefix(cfg: Config, completion: rollout.Completion | None) -> rollout.Completion | None:
@@ -281,14 +334,14 @@ def with_prefix(cfg: Config, completion: rollout.Completion | None) -> rollout.C
 
 
 @timed("stage1")
-def sample_stage1(run: Run, rows: list[dict]) -> list[rollout.Completion]:
+def sample_stage1(run: Run, rows: list[dict], draw: int) -> list[rollout.Completion]:
     completions = rollout.generate_stage1(run.llm, [r["prompt_ids"] for r in rows],
-                                          num_generations=run.cfg.num_generations, **sampling(run))
+                                          num_generations=run.cfg.num_generations, **sampling(run, draw))
     return [with_prefix(run.cfg, c) for c in completions]
 
 
 @timed("stage2")
-def sample_stage2(run: Run, rows: list[dict], completions: list[rollout.Completion]) -> rollout.Stage2:
+def sample_stage2(run: Run, rows: list[dict], completions: list[rollout.Completion], draw: int) -> rollout.Stage2:
     cfg = run.cfg
     if not cfg.dual:
         return rollout.Stage2([None] * len(completions), [None] * len(completions), 0)
@@ -299,7 +352,7 @@ def sample_stage2(run: Run, rows: list[dict], completions: list[rollout.Completi
 
     stage2 = rollout.generate_stage2(run.llm, [r["problem"] for r in rows], completions,
                                      num_generations=cfg.num_generations, render=render,
-                                     max_prompt_tokens=cfg.max_prompt_tokens + cfg.max_completion_tokens, **sampling(run))
+                                     max_prompt_tokens=cfg.max_prompt_tokens + cfg.max_completion_tokens, **sampling(run, draw))
     return dataclasses.replace(stage2, completions=[with_prefix(cfg, c) for c in stage2.completions])
 
 
@@ -314,19 +367,15 @@ def reward_columns(rows: list[dict], G: int) -> dict[str, list]:
 
 
 @timed("rewards")
-def score(run: Run, rows: list[dict], completions, stage2) -> tuple[torch.Tensor, dict[str, float]]:
-    """Call every reward of `cfg.rewards`; returns the per-reward scores `(N, R)` and the logged means.
+def score(run: Run, rows: list[dict], completions, stage2) -> torch.Tensor:
+    """Call every reward of `cfg.rewards`; returns the per-reward scores `(N, R)`.
 
     Every dataset field arrives as a keyword argument with one value per completion (the reward functions'
     convention), and `completions_long_answer` carries the stage-2 completions. A reward that raises stops the
-    run: only malformed inputs are the rewards' to score 0 (and count in REWARD_ISSUES). `signal/<name>` is the
-    share of groups in which that reward is not the same for all G samples: GRPO learns nothing about a reward
-    from a group where it does not vary.
+    run: only malformed inputs are the rewards' to score 0 (and count in REWARD_ISSUES).
     """
-    G, names = run.cfg.num_generations, list(run.cfg.rewards)
-    issues_before, timeouts_before = sum(REWARD_ISSUES.values()), run.grader.timeouts
-    errors_before = run.grader.errors
-    columns = reward_columns(rows, G)
+    names = list(run.cfg.rewards)
+    columns = reward_columns(rows, run.cfg.num_generations)
     messages = [[{"role": "assistant", "content": c.text}] for c in completions]
     long_answer = [None if c is None else [{"role": "assistant", "content": c.text}] for c in stage2.completions]
     per_reward = torch.zeros(len(completions), len(names))  # (N, R)
@@ -334,17 +383,34 @@ def score(run: Run, rows: list[dict], completions, stage2) -> tuple[torch.Tensor
         scores = REWARD_FUNCS[name](messages, completions_long_answer=long_answer, grader=run.grader,
                                     log_dir=str(run.out), **columns)
         per_reward[:, j] = torch.tensor(scores, dtype=torch.float32)
+    return per_reward
+
+
+def reward_counts(run: Run) -> tuple[int, int, int]:
+    """The running counts of malformed reward inputs, grader timeouts and grader errors."""
+    return sum(REWARD_ISSUES.values()), run.grader.timeouts, run.grader.errors
+
+
+def reward_metrics(run: Run, rows: list[dict], completions, per_reward: torch.Tensor,
+                   counts_before: tuple[int, int, int]) -> dict[str, float]:
+    """The logged means of the trained batch's rewards `(N, R)`, and the counts since `counts_before`.
+
+    `signal/<name>` is the share of groups in which that reward is not the same for all G samples: GRPO learns
+    nothing about a reward from a group where it does not vary.
+    """
+    G, names = run.cfg.num_generations, list(run.cfg.rewards)
     means = {f"reward/{name}": float(per_reward[:, j].mean()) for j, name in enumerate(names)}
     grouped = per_reward.reshape(-1, G, len(names))  # (B, G, R)
     varies = (grouped.amax(dim=1) != grouped.amin(dim=1)).float().mean(dim=0)  # (R,) share of the B groups
     means |= {f"signal/{name}": float(varies[j]) for j, name in enumerate(names)}
-    means["reward/issues"] = sum(REWARD_ISSUES.values()) - issues_before
-    means["reward/timeouts"] = run.grader.timeouts - timeouts_before
-    means["reward/grader_errors"] = run.grader.errors - errors_before  # a worker raised: string match decided
+    issues, timeouts, errors = (now - before for now, before in zip(reward_counts(run), counts_before))
+    means |= {"reward/issues": issues, "reward/timeouts": timeouts,
+              "reward/grader_errors": errors}  # grader errors: a worker raised, string match decided
     # The evaluation metric, watched during training: normalised exact match of the stage-1 answers.
-    em = [data.exact_match(data.answer_span(c.text), data.answer_span(s)) for c, s in zip(completions, columns["solution"])]
+    solutions = [row.get("solution") for row in rows for _ in range(G)]
+    em = [data.exact_match(data.answer_span(c.text), data.answer_span(s)) for c, s in zip(completions, solutions)]
     means["faithfulness/em"] = sum(em) / len(em)
-    return per_reward, means
+    return means
 
 
 @dataclass

@@ -130,6 +130,8 @@ class Config:
     ratio_level: str = _key("token", "token (PPO/GRPO) or sequence: one ratio per completion, geometric mean (GSPO)")
     mask_truncated: bool = _key(False, "completions cut off by max_completion_tokens get no loss (DAPO)")
     skip_zero_variance_groups: bool = _key(False, "groups whose rewards are all equal are left out of the loss (DAPO)")
+    dynamic_sampling_draws: int = _key(0, "D: a step draws new prompts up to D more times to replace the groups whose "
+                                       "rewards are all equal with groups whose rewards vary (DAPO); 0 = off")
     # --- run
     output_dir: str = _key("runs/default", "run folder: config, metrics, samples, checkpoints")
     seed: int = _key(42, "seed of data order, sampling and initialisation")
@@ -276,7 +278,7 @@ def _validate(path: Path, cfg: Config) -> None:
                 "reward_workers", "keep_checkpoints", "max_bad_steps"):
         if getattr(cfg, key) < 1:
             raise bad(key, "must be at least 1")
-    for key in ("max_steps", "sample_every", "save_every", "beta", "weight_decay", "clip_eps_low", "clip_eps_high",
+    for key in ("max_steps", "dynamic_sampling_draws", "sample_every", "save_every", "beta", "weight_decay", "clip_eps_low", "clip_eps_high",
                 "advantage_eps", "num_epochs", "temperature", "importance_cap", "max_minutes", "sync_tolerance"):
         if getattr(cfg, key) < 0:
             raise bad(key, "must not be negative")

@@ -219,7 +219,7 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
 
 
 def generate_stage1(llm, prompt_ids: Sequence[Sequence[int]], *, num_generations: int, temperature: float,
-                    top_p: float, max_tokens: int, seed: int, step: int, rank: int,
+                    top_p: float, max_tokens: int, seed: int, step: int | str, rank: int,
                     lora_request=None) -> list[Completion]:
     """G samples per prompt. Returns N = B·G completions, grouped: prompt b owns indices b·G … b·G+G-1."""
     return _sample(llm, prompt_ids, num_generations, request_seed(seed, "stage1", step, rank),
@@ -237,7 +237,7 @@ class Stage2:
 
 def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completion], *, num_generations: int,
                     render: Callable[[str], list[int]], max_prompt_tokens: int, temperature: float, top_p: float,
-                    max_tokens: int, seed: int, step: int, rank: int, lora_request=None) -> Stage2:
+                    max_tokens: int, seed: int, step: int | str, rank: int, lora_request=None) -> Stage2:
     """One regeneration per stage-1 completion that has a long answer and whose prompt has a context block.
 
     `problems` holds the B dataset problems; completion i belongs to problems[i // G]. `render` turns a problem

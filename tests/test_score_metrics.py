@@ -1,4 +1,4 @@
-"""canoe.score's per-step counters: grading-worker errors reach the step's reward means (metrics.jsonl)."""
+"""canoe.reward_metrics' per-step counters: grading-worker errors reach the step's reward means (metrics.jsonl)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ def test_grader_errors_are_logged_per_step(tmp_path: Path):
     rows = [{"prompt_ids": [1], "problem": "<context>c</context>\n\nq", "solution": "<answer>x+1</answer>"}]
     completions = [Completion("<answer>1+x</answer>", (1,), (-0.1,), "stop"),
                    Completion("<answer>x+1</answer>", (1,), (-0.1,), "stop")]
-    _, means = canoe.score(run, rows, completions, Stage2([None, None], [None, None], 0))
+    before = canoe.reward_counts(run)
+    scores = canoe.score(run, rows, completions, Stage2([None, None], [None, None], 0))  # (2, 1)
+    means = canoe.reward_metrics(run, rows, completions, scores, before)
     # "1+x" against "x+1" goes to a worker, which raises (one error); the identical pair needs no worker
     assert means["reward/grader_errors"] == 1
     assert means["reward/timeouts"] == 0

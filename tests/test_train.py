@@ -148,7 +148,8 @@ def check_run(run: Path, steps: int) -> None:
 
 # The two uninterrupted runs that several tests read (trained once each): full fine-tuning and LoRA, one rank,
 # ZeRO-2, 4 steps with a checkpoint every 2 (test_resume_reproduces_uninterrupted_run interrupts the same run).
-STRAIGHT = {"full": {"max_steps": 4, "save_every": 2, "tensorboard": True},
+# The full run samples dynamically (its step 2 draws again), so the resumed run must redraw that too.
+STRAIGHT = {"full": {"max_steps": 4, "save_every": 2, "tensorboard": True, "dynamic_sampling_draws": 2},
             "lora": {"max_steps": 4, "save_every": 2, "lora_rank": 8, "lora_alpha": 16.0}}
 
 
@@ -172,6 +173,16 @@ def test_one_rank_zero2(straight_runs):
     info = json.loads((folder / "run" / "run_config.json").read_text())
     assert info["config"]["zero_stage"] == 2 and "deepspeed" in info["versions"]
     assert list((folder / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_dynamic_sampling_draws_again_and_the_sampler_counts_every_draw(straight_runs):
+    folder, _ = straight_runs("full")
+    metrics = read_jsonl(folder / "run" / "metrics.jsonl")
+    draws, replaced = (sum(m[key] for m in metrics) for key in ("rollout/extra_draws", "rollout/replaced_groups"))
+    assert draws > 0 and 0 < replaced <= 2 * draws  # 2 prompts a step (smoke.toml: 1 × 2 accumulation steps)
+    state = json.loads((folder / "run" / "checkpoints" / "step-000004" / "trainer_state.json").read_text())["sampler"]
+    per_epoch = state["num_rows"] // state["global_batch_size"]
+    assert state["epoch"] * per_epoch + state["position"] == 4 + draws  # a batch per step, one per extra draw
 
 
 @pytest.mark.parametrize("stage, lora_rank", [(2, 0), (3, 0), (3, 8)], ids=["zero2", "zero3", "zero3-lora"])

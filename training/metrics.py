@@ -89,7 +89,8 @@ class Step:
     completions: list  # N rollout.Completion
     stage2: Any  # rollout.Stage2, N entries
     rewards: torch.Tensor  # (N,) weighted totals
-    reward_means: dict[str, float]  # reward/<name>, reward/issues, reward/timeouts, reward/grader_errors, faithfulness/em
+    reward_means: dict[str, float]  # reward/<name>, signal/<name>, reward/issues, reward/timeouts,
+    # reward/grader_errors, faithfulness/em, rollout/extra_draws, rollout/replaced_groups
     kept: torch.Tensor  # (N,) bool, the sequences that entered the loss
     losses: list[tuple[torch.Tensor, dict]]  # (loss, grpo_loss metrics) per micro-batch and pass
     batches: list  # the micro-batches (for their token counts)
@@ -101,7 +102,7 @@ class Step:
 
 GLOBAL_KEYS = {"loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
                "loss/importance_mean", "loss/importance_capped_frac", "train/bad_steps_total"}
-COUNT_KEYS = {"reward/issues", "reward/timeouts", "reward/grader_errors", "stage2/too_long"}
+COUNT_KEYS = {"reward/issues", "reward/timeouts", "reward/grader_errors", "stage2/too_long", "rollout/replaced_groups"}
 MAX_KEYS = {"completion/length_max", "sync/push_max_abs_diff", "sync/weight_sums_gap"}
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
