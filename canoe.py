@@ -21,7 +21,8 @@ The deliberate differences from the original CANOE code (a modified TRL GRPOTrai
 reasons, in docs/differences.md; each place where this file differs names its entry there. Stage-2 completions are
 scored only, never trained on (docs/DESIGN.md, "Rollout").
 
-The command line is training/cli.py; timing, metrics and logging live in training/metrics.py, the set-up checks in
+The command line is training/cli.py; the rewards are called and summed up in training/scoring.py; timing, metrics
+and logging live in training/metrics.py, the set-up checks in
 training/preflight.py, the DeepSpeed config and the learning-rate schedule in training/optimizer.py, the weight
 push in plumbing/ (weight_sync.py, and lora.py for a LoRA policy); this file holds what a step does.
 """
@@ -50,12 +51,12 @@ import data
 import rollout
 from config import Config, ConfigError
 from grpo_loss import decoupled_advantages, group_advantages, grpo_loss, trained_sequences, zero_variance_groups
-from rewards import REWARD_FUNCS, REWARD_ISSUES
 
 from grading.grader import MathGrader
 from plumbing import checkpoint, lora, weight_sync
 from plumbing.runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs
 from training import cli, packing, preflight
+from training.scoring import reward_counts, reward_metrics, score
 from training.metrics import RunLog, Step, step_metrics, timed, truncate_log, write_run_info
 from training.optimizer import deepspeed_config, lr_lambda
 
@@ -366,63 +367,6 @@ def sample_stage2(run: Run, rows: list[dict], completions: list[rollout.Completi
                                      num_generations=cfg.num_generations, render=render,
                                      max_prompt_tokens=cfg.max_prompt_tokens + cfg.max_completion_tokens, **sampling(run, draw))
     return dataclasses.replace(stage2, completions=[with_prefix(cfg, c) for c in stage2.completions])
-
-
-def reward_columns(rows: list[dict], G: int) -> dict[str, list]:
-    """Every dataset field as a column with one value per completion (N = B·G), None where a row lacks it.
-
-    The union of the rows' fields, in order of first appearance: rows may carry different optional fields, and
-    a field that only a later row has still reaches the rewards.
-    """
-    keys = list(dict.fromkeys(key for row in rows for key in row if key != "prompt_ids"))
-    return {key: [row.get(key) for row in rows for _ in range(G)] for key in keys}
-
-
-@timed("rewards")
-def score(run: Run, rows: list[dict], completions, stage2) -> torch.Tensor:
-    """Call every reward of `cfg.rewards`; returns the per-reward scores `(N, R)`.
-
-    Every dataset field arrives as a keyword argument with one value per completion (the reward functions'
-    convention), and `completions_long_answer` carries the stage-2 completions. A reward that raises stops the
-    run: only malformed inputs are the rewards' to score 0 (and count in REWARD_ISSUES).
-    """
-    names = list(run.cfg.rewards)
-    columns = reward_columns(rows, run.cfg.num_generations)
-    messages = [[{"role": "assistant", "content": c.text}] for c in completions]
-    long_answer = [None if c is None else [{"role": "assistant", "content": c.text}] for c in stage2.completions]
-    per_reward = torch.zeros(len(completions), len(names))  # (N, R)
-    for j, name in enumerate(names):
-        scores = REWARD_FUNCS[name](messages, completions_long_answer=long_answer, grader=run.grader,
-                                    log_dir=str(run.out), **columns)
-        per_reward[:, j] = torch.tensor(scores, dtype=torch.float32)
-    return per_reward
-
-
-def reward_counts(run: Run) -> tuple[int, int, int]:
-    """The running counts of malformed reward inputs, grader timeouts and grader errors."""
-    return sum(REWARD_ISSUES.values()), run.grader.timeouts, run.grader.errors
-
-
-def reward_metrics(run: Run, rows: list[dict], completions, per_reward: torch.Tensor,
-                   counts_before: tuple[int, int, int]) -> dict[str, float]:
-    """The logged means of the trained batch's rewards `(N, R)`, and the counts since `counts_before`.
-
-    `signal/<name>` is the share of groups in which that reward is not the same for all G samples: GRPO learns
-    nothing about a reward from a group where it does not vary.
-    """
-    G, names = run.cfg.num_generations, list(run.cfg.rewards)
-    means = {f"reward/{name}": float(per_reward[:, j].mean()) for j, name in enumerate(names)}
-    grouped = per_reward.reshape(-1, G, len(names))  # (B, G, R)
-    varies = (grouped.amax(dim=1) != grouped.amin(dim=1)).float().mean(dim=0)  # (R,) share of the B groups
-    means |= {f"signal/{name}": float(varies[j]) for j, name in enumerate(names)}
-    issues, timeouts, errors = (now - before for now, before in zip(reward_counts(run), counts_before))
-    means |= {"reward/issues": issues, "reward/timeouts": timeouts,
-              "reward/grader_errors": errors}  # grader errors: a worker raised, string match decided
-    # The evaluation metric, watched during training: normalised exact match of the stage-1 answers.
-    solutions = [row.get("solution") for row in rows for _ in range(G)]
-    em = [data.exact_match(data.answer_span(c.text), data.answer_span(s)) for c, s in zip(completions, solutions)]
-    means["faithfulness/em"] = sum(em) / len(em)
-    return means
 
 
 @dataclass

@@ -174,17 +174,18 @@ def make_run(tmp_path, sleep: bool, policy: torch.nn.Module | None = None,
     rows = [{"prompt_ids": [1, 5 + i, 9, 13 + i], "problem": "<context>c</context>\n\nq", "solution": "a"}
             for i in range(4)]
     sampler = data.PromptSampler(len(rows), cfg.prompts_per_step, cfg.seed, 0, 1)
-    run = canoe.Run(cfg, 0, 1, torch.device("cpu"), None, engine, None, llm, rows, sampler, None, 2,
+    grader = SimpleNamespace(timeouts=0, errors=0)  # the counters the step reads; the rewards are fixed_rewards
+    run = canoe.Run(cfg, 0, 1, torch.device("cpu"), None, engine, None, llm, rows, sampler, grader, 2,
                     ([1, 2, 3, 4], [5, 6, 7]), sleep, tmp_path)
     return run, llm
 
 
 def fixed_rewards(run, rows, completions, stage2):
     """1, 0 within each group for the first reward, 0 for the others: every group has an advantage, so the update
-    moves the weights. Returns score's `(N, R)` per-reward scores and its means."""
+    moves the weights. Returns score's `(N, R)` per-reward scores."""
     per_reward = torch.zeros(len(completions), len(run.cfg.rewards))  # (N, R)
     per_reward[:, 0] = torch.tensor([float(i % 2 == 0) for i in range(len(completions))])
-    return per_reward, {"reward/total": float(per_reward[:, 0].mean())}
+    return per_reward
 
 
 def weights_agree(run: canoe.Run, llm: SleepModeEngine) -> bool:
