@@ -56,9 +56,9 @@ from grading.grader import MathGrader
 from plumbing import checkpoint, lora, weight_sync
 from plumbing.runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs
 from training import cli, packing, preflight
-from training.scoring import reward_counts, reward_metrics, score
 from training.metrics import RunLog, Step, step_metrics, timed, truncate_log, write_run_info
 from training.optimizer import deepspeed_config, lr_lambda
+from training.scoring import reward_counts, reward_metrics, score
 
 
 # ==============================================================================================================
