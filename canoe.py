@@ -50,7 +50,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import data
 import rollout
 from config import Config, ConfigError
-from grpo_loss import decoupled_advantages, group_advantages, grpo_loss, trained_sequences, zero_variance_groups
+from grpo_loss import (decoupled_advantages, flat_groups, group_advantages, grpo_loss, trained_sequences,
+                       zero_variance_groups)
 
 from grading.grader import MathGrader
 from plumbing import checkpoint, lora, weight_sync
@@ -282,14 +283,15 @@ def rollout_and_score(run: Run) -> tuple[list[dict], list, rollout.Stage2, torch
     completions, stage2, per_reward = sample_and_score(run, rows, draw=0)
     counts = {"rollout/extra_draws": 0, "rollout/replaced_groups": 0}
     for draw in range(1, cfg.dynamic_sampling_draws + 1):
-        flat = flat_groups(run, per_reward)  # (B,)
+        flat = flat_groups(per_reward, run.reward_weights, G, cfg.reward_aggregation)  # (B,)
         (anyone,) = all_reduce_values([float(flat.any())], op=dist.ReduceOp.MAX)
         if not anyone:
             break
         counts["rollout/extra_draws"] += 1
         fresh_rows = [run.rows[i] for i in run.sampler.next_batch()]
         fresh, fresh_stage2, fresh_scores = sample_and_score(run, fresh_rows, draw)
-        for slot, source in refills(flat, ~flat_groups(run, fresh_scores)):
+        varied = ~flat_groups(fresh_scores, run.reward_weights, G, cfg.reward_aggregation)  # (B,)
+        for slot, source in refills(flat, varied):
             rows[slot] = fresh_rows[source]
             into, out_of = slice(slot * G, (slot + 1) * G), slice(source * G, (source + 1) * G)
             completions[into], per_reward[into] = fresh[out_of], fresh_scores[out_of]
@@ -298,18 +300,6 @@ def rollout_and_score(run: Run) -> tuple[list[dict], list, rollout.Stage2, torch
             counts["rollout/replaced_groups"] += 1
         stage2 = dataclasses.replace(stage2, too_long=stage2.too_long + fresh_stage2.too_long)  # over every draw
     return rows, completions, stage2, per_reward, counts
-
-
-def flat_groups(run: Run, per_reward: torch.Tensor) -> torch.Tensor:
-    """`(B,)` bool: the groups whose advantages are all 0, from the scores `(N, R)`. Under CANOE's
-    sum_then_normalize those whose weighted sum is the same for all G samples; under normalize_then_sum (GDPO)
-    those where every weighted reward is, since one reward that varies gives advantages even when the sum does not.
-    """
-    G, weighted = run.cfg.num_generations, run.reward_weights != 0  # (R,)
-    if run.cfg.reward_aggregation == "normalize_then_sum":
-        grouped = per_reward[:, weighted].reshape(-1, G, int(weighted.sum()))  # (B, G, R')
-        return (grouped.amax(dim=1) == grouped.amin(dim=1)).all(dim=1)
-    return zero_variance_groups(per_reward @ run.reward_weights, G)
 
 
 def refills(flat: torch.Tensor, varied: torch.Tensor) -> list[tuple[int, int]]:

@@ -278,8 +278,9 @@ def _validate(path: Path, cfg: Config) -> None:
                 "reward_workers", "keep_checkpoints", "max_bad_steps"):
         if getattr(cfg, key) < 1:
             raise bad(key, "must be at least 1")
-    for key in ("max_steps", "dynamic_sampling_draws", "sample_every", "save_every", "beta", "weight_decay", "clip_eps_low", "clip_eps_high",
-                "advantage_eps", "num_epochs", "temperature", "importance_cap", "max_minutes", "sync_tolerance"):
+    for key in ("max_steps", "dynamic_sampling_draws", "sample_every", "save_every", "beta", "weight_decay",
+                "clip_eps_low", "clip_eps_high", "advantage_eps", "num_epochs", "temperature", "importance_cap",
+                "max_minutes", "sync_tolerance"):
         if getattr(cfg, key) < 0:
             raise bad(key, "must not be negative")
     if cfg.max_steps == 0 and cfg.num_epochs == 0:

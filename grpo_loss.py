@@ -57,6 +57,7 @@ __all__ = [
     "token_logprobs",
     "trained_sequences",
     "zero_variance_groups",
+    "flat_groups",
 ]
 
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
@@ -161,6 +162,26 @@ def zero_variance_groups(rewards: Tensor, group_size: int) -> Tensor:
                          f"group_size {group_size}")
     grouped = rewards.reshape(-1, group_size)  # (B, G)
     return grouped.amax(dim=1) == grouped.amin(dim=1)  # (B,)
+
+
+def flat_groups(per_reward: Tensor, weights: Tensor, group_size: int, aggregation: str) -> Tensor:
+    """`(B,)` bool: the groups whose advantages are all 0, from the per-reward scores `(N, R)` and their weights
+    `(R,)`. Under CANOE's sum_then_normalize, the groups whose weighted sum is the same for all G samples; under
+    normalize_then_sum (GDPO, `decoupled_advantages`), those where every reward of nonzero weight is, since one
+    reward that varies gives advantages even when the sum does not.
+
+    >>> scores = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    >>> flat_groups(scores, torch.tensor([1.0, 1.0]), 2, "sum_then_normalize")
+    tensor([True, True])
+    >>> flat_groups(scores, torch.tensor([1.0, 1.0]), 2, "normalize_then_sum")
+    tensor([False,  True])
+    """
+    if aggregation == "normalize_then_sum":
+        weighted = [k for k in range(per_reward.shape[1]) if weights[k]]
+        if not weighted:
+            return torch.ones(len(per_reward) // group_size, dtype=torch.bool)
+        return torch.stack([zero_variance_groups(per_reward[:, k], group_size) for k in weighted]).all(dim=0)
+    return zero_variance_groups(per_reward @ weights.to(per_reward), group_size)
 
 
 def trained_sequences(rewards: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,

@@ -96,15 +96,16 @@ def test_off_by_default_and_every_rank_draws_while_any_rank_needs_to(scripted):
 
 
 def test_a_group_is_flat_when_its_advantages_are_all_zero():
+    from grpo_loss import flat_groups
+
     scores = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0], [0.0, 2.0], [0.0, 3.0]])  # (N = 3·2, R = 2)
-    run = SimpleNamespace(cfg=Config(num_generations=2), reward_weights=torch.tensor([1.0, 1.0]))
-    assert canoe.flat_groups(run, scores).tolist() == [True, True, False]  # CANOE: the weighted sums 1, 1 | 2, 2 | 2, 3
-    run.cfg = Config(num_generations=2, reward_aggregation="normalize_then_sum")  # GDPO: reward 1 varies in group 0
-    assert canoe.flat_groups(run, scores).tolist() == [False, True, False]
-    run.reward_weights = torch.tensor([0.0, 1.0])  # a reward of weight 0 gives no advantage
-    assert canoe.flat_groups(run, scores).tolist() == [False, True, False]
-    run.reward_weights = torch.tensor([1.0, 0.0])
-    assert canoe.flat_groups(run, scores).tolist() == [False, True, True]
+    both = torch.tensor([1.0, 1.0])
+    assert flat_groups(scores, both, 2, "sum_then_normalize").tolist() == [True, True, False]  # sums 1, 1 | 2, 2 | 2, 3
+    # GDPO: reward 1 varies in group 0
+    assert flat_groups(scores, both, 2, "normalize_then_sum").tolist() == [False, True, False]
+    # a reward of weight 0 gives no advantage
+    assert flat_groups(scores, torch.tensor([0.0, 1.0]), 2, "normalize_then_sum").tolist() == [False, True, False]
+    assert flat_groups(scores, torch.tensor([1.0, 0.0]), 2, "normalize_then_sum").tolist() == [False, True, True]
 
 
 def test_each_draw_samples_with_its_own_seed():
