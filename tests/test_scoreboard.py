@@ -113,6 +113,9 @@ def test_the_defaults_example_and_the_failure_modes_are_recognised():
     assert not sb.ends_after_think("<think>Bouch.</think><answer>Thomas Bouch</answer>")
     assert not sb.ends_after_think("Thomas Bouch")
     assert sb.example_names({"system_prompt": "You are a helpful assistant."}) == []
+    # config.toml's format description without its example names the tags, and nothing an answer could copy
+    described = sb.load_config(ROOT / "config.toml").system_prompt
+    assert "<answer> and </answer>" in described and sb.example_names({"system_prompt": described}) == []
 
 
 def lora_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
