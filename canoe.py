@@ -50,8 +50,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import data
 import rollout
 from config import Config, ConfigError
-from grpo_loss import (decoupled_advantages, flat_groups, group_advantages, grpo_loss, trained_sequences,
-                       zero_variance_groups)
+from grpo_loss import decoupled_advantages, flat_groups, group_advantages, grpo_loss, trained_sequences
 
 from grading.grader import MathGrader
 from plumbing import checkpoint, lora, weight_sync
@@ -238,7 +237,8 @@ def train_step(run: Run) -> Step:
     else:
         advantages = group_advantages(rewards, G, eps=cfg.advantage_eps, std=cfg.advantage_std)  # (N,)
     truncated = torch.tensor([c.finish_reason == "length" for c in completions])  # (N,)
-    kept = trained_sequences(rewards, G, truncated, mask_truncated=cfg.mask_truncated,
+    flat = flat_groups(per_reward, run.reward_weights, G, cfg.reward_aggregation)  # (B,) bool: advantages all 0
+    kept = trained_sequences(flat, G, truncated, mask_truncated=cfg.mask_truncated,
                              skip_zero_variance_groups=cfg.skip_zero_variance_groups)  # (N,) bool
 
     # 4. Micro-batches, each packed into one row, and what does not change while training on this rollout:
@@ -264,7 +264,7 @@ def train_step(run: Run) -> Step:
 
     run.step += 1
     return Step(rows, completions, stage2, rewards, reward_means, kept, losses, batches, push_seconds, sync_diff,
-                zero_variance_groups(rewards, G), push_metrics)
+                flat, push_metrics)
 
 
 def rollout_and_score(run: Run) -> tuple[list[dict], list, rollout.Stage2, torch.Tensor, dict[str, float]]:

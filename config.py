@@ -129,7 +129,7 @@ class Config:
     importance_cap: float = _key(0.0, "C of truncated importance sampling, min(π_old/π_vLLM, C) per token; 0 = off")
     ratio_level: str = _key("token", "token (PPO/GRPO) or sequence: one ratio per completion, geometric mean (GSPO)")
     mask_truncated: bool = _key(False, "completions cut off by max_completion_tokens get no loss (DAPO)")
-    skip_zero_variance_groups: bool = _key(False, "groups whose rewards are all equal are left out of the loss (DAPO)")
+    skip_zero_variance_groups: bool = _key(False, "groups whose advantages are all 0 are left out of the loss (DAPO)")
     dynamic_sampling_draws: int = _key(0, "D: a step draws new prompts up to D more times to replace the groups whose "
                                        "rewards are all equal with groups whose rewards vary (DAPO); 0 = off")
     # --- run

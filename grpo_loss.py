@@ -167,8 +167,10 @@ def zero_variance_groups(rewards: Tensor, group_size: int) -> Tensor:
 def flat_groups(per_reward: Tensor, weights: Tensor, group_size: int, aggregation: str) -> Tensor:
     """`(B,)` bool: the groups whose advantages are all 0, from the per-reward scores `(N, R)` and their weights
     `(R,)`. Under CANOE's sum_then_normalize, the groups whose weighted sum is the same for all G samples; under
-    normalize_then_sum (GDPO, `decoupled_advantages`), those where every reward of nonzero weight is, since one
-    reward that varies gives advantages even when the sum does not.
+    normalize_then_sum (GDPO, `decoupled_advantages`), those where every reward of nonzero weight is, since
+    rewards that vary can give advantages even when their sum does not (normalised one by one, rewards of different
+    spreads no longer cancel). Both are the groups that `skip_zero_variance_groups` drops and dynamic sampling
+    redraws.
 
     >>> scores = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
     >>> flat_groups(scores, torch.tensor([1.0, 1.0]), 2, "sum_then_normalize")
@@ -184,30 +186,32 @@ def flat_groups(per_reward: Tensor, weights: Tensor, group_size: int, aggregatio
     return zero_variance_groups(per_reward @ weights.to(per_reward), group_size)
 
 
-def trained_sequences(rewards: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,
+def trained_sequences(flat: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,
                       skip_zero_variance_groups: bool = False) -> Tensor:
     """`(N,)` bool: which sequences enter the loss. Both options come from DAPO (Yu et al. 2025):
 
     - `mask_truncated`: a completion cut off by the token limit (`truncated`, `(N,)` bool) has no end, so its
       reward judges an unfinished text; it gets no loss ("overlong filtering").
-    - `skip_zero_variance_groups`: a group whose rewards are all equal has advantages 0, so only the KL term
-      would train on it; all G of its sequences leave the loss (DAPO's dynamic sampling drops such groups and
-      samples new ones; we only drop them).
+    - `skip_zero_variance_groups`: a group whose advantages are all 0 (`flat`, `(B,)` bool, from `flat_groups`:
+      under normalize_then_sum a group whose weighted sum is flat still trains when one reward varies) gives only
+      the KL term something to train on; all G of its sequences leave the loss (DAPO's dynamic sampling drops
+      such groups and samples new ones; this option only drops them, `dynamic_sampling_draws` also redraws).
 
     The caller zeroes the mask rows of dropped sequences and counts only the kept ones in the loss
     denominators (`total_sequences`, `total_tokens`), so that the kept ones weigh as if the batch were theirs.
 
-    >>> trained_sequences(torch.tensor([1.0, 1.0, 0.0, 1.0]), 2, torch.tensor([False, False, True, False]),
+    >>> trained_sequences(torch.tensor([True, False]), 2, torch.tensor([False, False, True, False]),
     ...                   mask_truncated=True, skip_zero_variance_groups=True)
     tensor([False, False, False,  True])
     """
-    if truncated.shape != rewards.shape:
-        raise ValueError(f"truncated must be (N,) = {tuple(rewards.shape)}, got {tuple(truncated.shape)}")
-    kept = torch.ones(rewards.shape, dtype=torch.bool, device=rewards.device)  # (N,)
+    if flat.dim() != 1 or truncated.shape != (len(flat) * group_size,):
+        raise ValueError(f"flat must be (B,) and truncated (B·G,) with G = {group_size}, got {tuple(flat.shape)} "
+                         f"and {tuple(truncated.shape)}")
+    kept = torch.ones(truncated.shape, dtype=torch.bool, device=truncated.device)  # (N,)
     if mask_truncated:
         kept &= ~truncated.bool()
     if skip_zero_variance_groups:
-        kept &= ~zero_variance_groups(rewards, group_size).repeat_interleave(group_size)
+        kept &= ~flat.bool().repeat_interleave(group_size)  # (N,)
     return kept
 
 

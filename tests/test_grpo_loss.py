@@ -433,19 +433,40 @@ def test_group_advantages_without_std_dr_grpo():
 def test_zero_variance_groups_and_trained_sequences():
     rewards = torch.tensor([1.0, 1.0, 0.0, 2.0, 3.0, 3.0])  # B = 3, G = 2: groups 0 and 2 have equal rewards
     truncated = torch.tensor([False, True, True, False, False, False])
-    assert torch.equal(grpo_loss.zero_variance_groups(rewards, 2), torch.tensor([True, False, True]))
-    everything = grpo_loss.trained_sequences(rewards, 2, truncated)
+    flat = grpo_loss.zero_variance_groups(rewards, 2)
+    assert torch.equal(flat, torch.tensor([True, False, True]))
+    everything = grpo_loss.trained_sequences(flat, 2, truncated)
     assert torch.equal(everything, torch.ones(6, dtype=torch.bool))
     # DAPO overlong filtering: the truncated completions 1 and 2 leave the loss
-    assert torch.equal(grpo_loss.trained_sequences(rewards, 2, truncated, mask_truncated=True),
+    assert torch.equal(grpo_loss.trained_sequences(flat, 2, truncated, mask_truncated=True),
                        torch.tensor([True, False, False, True, True, True]))
     # zero-variance groups 0 and 2 leave the loss, all of their members
-    assert torch.equal(grpo_loss.trained_sequences(rewards, 2, truncated, skip_zero_variance_groups=True),
+    assert torch.equal(grpo_loss.trained_sequences(flat, 2, truncated, skip_zero_variance_groups=True),
                        torch.tensor([False, False, True, True, False, False]))
     # both: only sequence 3 is left
-    assert torch.equal(grpo_loss.trained_sequences(rewards, 2, truncated, mask_truncated=True,
+    assert torch.equal(grpo_loss.trained_sequences(flat, 2, truncated, mask_truncated=True,
                                                    skip_zero_variance_groups=True),
                        torch.tensor([False, False, False, True, False, False]))
+    with pytest.raises(ValueError, match="flat must be"):
+        grpo_loss.trained_sequences(flat, 2, truncated[:4])
+
+
+def test_skipped_groups_under_normalize_then_sum_are_those_without_advantages():
+    # Group 0: three rewards trade off so that their sum is 1 for all four samples, but with different spreads, so
+    # GDPO's decoupled advantages are not 0 there and the group must stay in the loss. Group 1: every reward is
+    # equal across its samples: advantages 0, it leaves.
+    per_reward = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.5, 0.5], [0.0, 0.5, 0.5], [0.0, 0.0, 1.0]]
+                              + [[1.0, 1.0, 1.0]] * 4)  # (N = 8, R = 3), G = 4
+    weights = torch.ones(3)
+    advantages = grpo_loss.decoupled_advantages(per_reward, weights, 4)  # (N,)
+    assert advantages[:4].abs().min() > 0.1 and torch.equal(advantages[4:], torch.zeros(4))
+    flat = grpo_loss.flat_groups(per_reward, weights, 4, "normalize_then_sum")
+    kept = grpo_loss.trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
+    assert torch.equal(kept, torch.tensor([True] * 4 + [False] * 4))
+    # under CANOE's sum_then_normalize both groups have advantages 0 and both leave
+    assert torch.equal(grpo_loss.group_advantages(per_reward @ weights, 4), torch.zeros(8))
+    flat = grpo_loss.flat_groups(per_reward, weights, 4, "sum_then_normalize")
+    assert not grpo_loss.trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True).any()
 
 
 def test_second_update_of_a_rollout_ratio_and_clip_act():

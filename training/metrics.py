@@ -96,7 +96,7 @@ class Step:
     batches: list  # the micro-batches (for their token counts)
     push_seconds: float
     sync_diff: float  # max |vLLM − trainer| log-prob of the probe after the push
-    zero_variance: torch.Tensor  # (B,) bool, groups whose rewards were all equal
+    zero_variance: torch.Tensor  # (B,) bool, groups whose advantages are all 0 (grpo_loss.flat_groups)
     push_metrics: dict[str, float] = field(default_factory=dict)  # sync/weight_sums_gap, sync/lora_delta_* (canoe)
 
 
