@@ -466,7 +466,8 @@ def test_skipped_groups_under_normalize_then_sum_are_those_without_advantages():
     # under CANOE's sum_then_normalize both groups have advantages 0 and both leave
     assert torch.equal(grpo_loss.group_advantages(per_reward @ weights, 4), torch.zeros(8))
     flat = grpo_loss.flat_groups(per_reward, weights, 4, "sum_then_normalize")
-    assert not grpo_loss.trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True).any()
+    kept = grpo_loss.trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
+    assert not kept.any()
 
 
 def test_second_update_of_a_rollout_ratio_and_clip_act():
