@@ -230,7 +230,7 @@ def train_step(run: Run) -> Step:
 
     # 3. Group-relative advantages: of the weighted sum (CANOE), or the weighted sum of each reward's own
     #    group-normalised advantage (GDPO). Optionally some sequences leave the loss (DAPO): truncated ones, and
-    #    groups whose rewards are all equal (their advantages are 0, so only the KL term would train on them).
+    #    groups whose advantages are all 0 (`flat`: only the KL term would train on them).
     if cfg.reward_aggregation == "normalize_then_sum":
         advantages = decoupled_advantages(per_reward, run.reward_weights, G, eps=cfg.advantage_eps,
                                           std=cfg.advantage_std)  # (N,)

@@ -131,7 +131,7 @@ class Config:
     mask_truncated: bool = _key(False, "completions cut off by max_completion_tokens get no loss (DAPO)")
     skip_zero_variance_groups: bool = _key(False, "groups whose advantages are all 0 are left out of the loss (DAPO)")
     dynamic_sampling_draws: int = _key(0, "D: a step draws new prompts up to D more times to replace the groups whose "
-                                       "rewards are all equal with groups whose rewards vary (DAPO); 0 = off")
+                                       "advantages are all 0 with groups whose advantages are not (DAPO); 0 = off")
     # --- run
     output_dir: str = _key("runs/default", "run folder: config, metrics, samples, checkpoints")
     seed: int = _key(42, "seed of data order, sampling and initialisation")

@@ -50,6 +50,7 @@ from torch import Tensor
 __all__ = [
     "METRIC_REDUCTIONS",
     "decoupled_advantages",
+    "flat_groups",
     "grpo_loss",
     "group_advantages",
     "merge_metrics",
@@ -57,7 +58,6 @@ __all__ = [
     "token_logprobs",
     "trained_sequences",
     "zero_variance_groups",
-    "flat_groups",
 ]
 
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")

@@ -51,15 +51,18 @@ def main() -> None:
     steps = min(len(r) for r in reference + variant)
     reference, variant = [r[:steps] for r in reference], [r[:steps] for r in variant]
     for path, values in zip(args.reference + args.variant, reference + variant):
-        print(f"{path}: {steps} steps, mean {values.mean():.3f}, quarters " + " ".join(f"{q:.2f}" for q in quarters(values)))
+        quarter_means = " ".join(f"{q:.2f}" for q in quarters(values))
+        print(f"{path}: {steps} steps, mean {values.mean():.3f}, quarters {quarter_means}")
     low, high = np.min(reference, axis=0), np.max(reference, axis=0)  # (S,) each
     inside = sum(int(((v >= low) & (v <= high)).sum()) for v in variant)
-    print(f"variant step rewards inside the reference runs' [min, max] at that step: {inside} of {steps * len(variant)}")
+    print(f"variant step rewards inside the reference runs' [min, max] at that step: "
+          f"{inside} of {steps * len(variant)}")
     for path, ref, var in zip(args.variant, reference, variant):
         print(f"{path} − its reference: per-step mean %.3f [%.3f, %.3f]" % bootstrap_mean(var - ref))
     if len(reference) >= 2:
         for name, runs in (("reference", reference), ("variant", variant)):
-            print(f"{name}, first seed − second seed: per-step mean %.3f [%.3f, %.3f]" % bootstrap_mean(runs[0] - runs[1]))
+            difference = bootstrap_mean(runs[0] - runs[1])
+            print(f"{name}, first seed − second seed: per-step mean %.3f [%.3f, %.3f]" % difference)
 
 
 if __name__ == "__main__":
