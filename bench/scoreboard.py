@@ -6,8 +6,9 @@
 The decision set (`decision_set`): the synthetic eval split (data/synth/eval.jsonl, 300 items) and the hand-written
 held-out items (data/heldout/faithfulness.jsonl, 40), scored as `--eval` scores them (em and contains, fractions);
 and, from `--benchmarks DIR` (the user's own copies; left out when not given), ConFiQA-QA/MR/MC.dev25.json under the
-`confiqa` suite (em, ps, mr in percent, pooled as confiqa75) and items 0-299 of followrag-nq.json under `followrag`
-(em), scored by the official rules (suites.py). Every item is answered: no prompt is dropped for its length.
+`confiqa` suite (em, ps, mr in percent, pooled as confiqa75), items 0-299 of followrag-nq.json under `followrag`
+(em) and items 0-499 of cnq-nqswap.dev500.json (NQ-Swap in CANOE's CNQ format) under `cnq` (em; contains and org,
+`per_item_hits`), scored by the official rules (suites.py). Every item is answered: no prompt is dropped for its length.
 
 The two sides:
 - the policy, under `--config`'s prompt (the one it was trained with). A LoRA checkpoint (a `policy/` folder with
@@ -36,6 +37,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -80,6 +82,7 @@ def decision_set(benchmarks: Path | None, synthetic: Path = SYNTHETIC, heldout: 
         targets += [Target(f"confiqa-{kind.lower()}", benchmarks / f"ConFiQA-{kind}.dev25.json", "confiqa")
                     for kind in ("QA", "MR", "MC")]
         targets.append(Target("nq300", benchmarks / "followrag-nq.json", "followrag", limit=300))
+        targets.append(Target("cnq500", benchmarks / "cnq-nqswap.dev500.json", "cnq", limit=500))
     for target in targets:
         if not target.path.exists():
             raise SystemExit(f"error: {target.name}: {target.path} not found")
@@ -91,7 +94,8 @@ def decision_set(benchmarks: Path | None, synthetic: Path = SYNTHETIC, heldout: 
 ROWS = (("synthetic", ("synthetic",), ("em", "contains")), ("heldout", ("heldout",), ("em", "contains")),
         ("confiqa-qa", ("confiqa-qa",), ("em", "ps", "mr")), ("confiqa-mr", ("confiqa-mr",), ("em", "ps", "mr")),
         ("confiqa-mc", ("confiqa-mc",), ("em", "ps", "mr")),
-        ("confiqa75", ("confiqa-qa", "confiqa-mr", "confiqa-mc"), ("em", "ps", "mr")), ("nq300", ("nq300",), ("em",)))
+        ("confiqa75", ("confiqa-qa", "confiqa-mr", "confiqa-mc"), ("em", "ps", "mr")), ("nq300", ("nq300",), ("em",)),
+        ("cnq500", ("cnq500",), ("em", "contains", "org")))
 
 
 # ------------------------------------------------------------------------------------------------ the intervals
@@ -247,8 +251,10 @@ def answer(side: Side, targets: list[Target], problems: dict[str, list[str]], to
     if side.merged_from is not None and not side.model.exists():
         print(f"{side.name}: merging {side.merged_from['adapter']} into its base in float32")
         merge_in_float32(side.merged_from["base"], side.merged_from["adapter"], side.model)
+    start_time = time.perf_counter()
     texts = generate(cfg, side.model, dtype, [(ids, max_tokens) for _, all_ids, max_tokens, _ in todo
                                               for ids in all_ids])
+    print(f"{side.name}: {len(texts)} outputs in {time.perf_counter() - start_time:.0f} s")
     cache.mkdir(parents=True, exist_ok=True)
     start = 0
     for target, ids, _, path in todo:
@@ -278,12 +284,20 @@ def generate(cfg, model: Path, dtype: str, requests: list[tuple[list[int], int]]
 
 
 def per_item_hits(target: Target, items: list, outputs: list[str]) -> dict[str, np.ndarray]:
-    """0/1 per item for each counted hit: em and contains (synthetic format); em, ps, po (ConFiQA); em (FollowRAG)."""
+    """0/1 per item for each counted hit: em and contains (synthetic format); em, ps, po (ConFiQA); em (FollowRAG);
+    em, contains and org (CNQ). CNQ's contains is the gold inside the answer and org the original answer inside it
+    (as ConFiQA's ps and po read them, without the negation guard that CNQ's em lacks too): em rewards the short
+    format as much as the reading, contains reads the passage apart from the format, org counts memory winning."""
     if target.suite is None:
         rows = evaluate.item_scores(items, outputs)
         names = ("em", "contains")
     else:
-        rows = [suites.item_hits(target.suite, item, suites.extract(text)["answer"]) for item, text in zip(items, outputs)]
+        answers = [suites.extract(text)["answer"] for text in outputs]
+        rows = [suites.item_hits(target.suite, item, answer) for item, answer in zip(items, answers)]
+        if target.suite == "cnq":
+            rows = [{**row, "contains": suites.recall(answer, item.golds, negation_guard=False),
+                     "org": suites.recall(answer, item.others, negation_guard=False)}
+                    for row, item, answer in zip(rows, items, answers)]
         names = tuple(rows[0])
     return {name: np.array([float(row[name]) for row in rows]) for name in names}
 
@@ -356,8 +370,13 @@ def print_table(table: dict) -> None:
 
 
 def results_line(table: dict, seed, dtype: str, recipe: str, copied: int, total: int) -> str:
-    """The RESULTS line: confiqa75 em, nq300 em, synthetic contains, each against the plain base."""
+    """The RESULTS line: cnq500 em and contains, confiqa75 em, nq300 em, synthetic contains, each against the plain
+    base (cnq500's contains without its own interval, to keep the line short)."""
     parts = []
+    if "cnq500" in table:
+        em, contains = table["cnq500"]["em"], table["cnq500"]["contains"]
+        parts.append(f"cnq500 em {fmt(em['policy'], True)} vs plain {fmt(em['difference'], True)}, "
+                     f"contains {contains['policy'][0]:.1f} vs plain {fmt(contains['difference'], True)}")
     for row, metric, percent in (("confiqa75", "em", True), ("nq300", "em", True), ("synthetic", "contains", False)):
         if row in table:
             r = table[row][metric]
@@ -400,7 +419,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, help="the policy: a checkpoint's policy/ folder or a model folder")
     parser.add_argument("--config", default=str(ROOT / "config.toml"), help="the policy's config (prompt, base model)")
     parser.add_argument("--plain", default=str(ROOT / "recipes" / "plain-prompt.toml"), help="the baseline's prompt")
-    parser.add_argument("--benchmarks", type=Path, help="a folder with ConFiQA-{QA,MR,MC}.dev25.json, followrag-nq.json")
+    parser.add_argument("--benchmarks", type=Path, help="a folder with ConFiQA-{QA,MR,MC}.dev25.json, followrag-nq.json, "
+                        "cnq-nqswap.dev500.json")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
                         help="the engines' dtype (default: the config's, resolved on this machine)")
     parser.add_argument("--synthetic", type=Path, default=SYNTHETIC, help="the synthetic eval file")

@@ -212,7 +212,8 @@ def percent(hits: Sequence[bool]) -> float:
 @dataclass(frozen=True)
 class Item:
     """One benchmark record, read the official way. `problem` is the user turn; `golds`/`others` the answer
-    lists the scores compare with (`others`: the competing answers of ConFiQA/FiQA, else empty); `key`,
+    lists the scores compare with (`others`: the competing answers of ConFiQA/FiQA, NQ-Swap's original ones, else
+    empty); `key`,
     `labels`, `texts`: FaithEval's answer key and options."""
 
     index: int
@@ -246,10 +247,16 @@ def _confiqa_item(index: int, record: dict, where: str, factual: bool) -> Item:
 
 
 def _cnq_item(index: int, record: dict, where: str) -> Item:
+    """`org_answer` (NQ-Swap's original answers, a string or a list; absent from CANOE's file) becomes `others`,
+    for counting the memorised answer winning over the passage; the official em never reads it."""
     question = _field(record, "question", str, where)
     context = _field(record, "context", str, where)
+    original = record.get("org_answer", [])
+    original = [original] if isinstance(original, str) else original
+    if not (isinstance(original, list) and all(isinstance(answer, str) for answer in original)):
+        raise DataError(f"{where}: 'org_answer' must be a string or a list of strings")
     return Item(index, record.get("uid", index), question, PROMPT_A.format(context, question),
-                (_field(record, "answer", str, where),))
+                (_field(record, "answer", str, where),), tuple(original))
 
 
 FOLLOWRAG_START = "Given the following information:"

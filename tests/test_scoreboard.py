@@ -161,6 +161,41 @@ def test_a_lora_checkpoint_is_merged_in_float32_exactly(tmp_path):
     assert sb.policy_folder(SMOKE_MODEL, tmp_path / "w2") == (SMOKE_MODEL, sb.model_digest(SMOKE_MODEL), None)
 
 
+def test_cnq_counts_the_gold_and_the_original_answer_inside_the_answer_span(tmp_path):
+    path = tmp_path / "cnq.json"
+    path.write_text(json.dumps([{"question": "who wrote it", "context": "Robin Cousins wrote it.",
+                                 "answer": "Robin Cousins", "org_answer": ["William Bryan", "W. Bryan"]}] * 4))
+    target = sb.Target("cnq500", path, "cnq")
+    items, _ = sb.read_items(target)
+    outputs = ["<answer>Robin Cousins</answer>",  # em, and so contains
+               "<answer>It was Robin Cousins, not William Bryan</answer>",  # contains and org, no em
+               "<answer>W. Bryan</answer>",  # the memorised answer alone
+               "Robin Cousins wrote it."]  # no span: the whole output is the answer, as the official em reads it
+    hit = sb.per_item_hits(target, items, outputs)
+    assert hit["em"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert hit["contains"].tolist() == [1.0, 1.0, 0.0, 1.0]
+    assert hit["org"].tolist() == [0.0, 1.0, 1.0, 0.0]
+    # the file CANOE's code reads has no org_answer: nothing is counted as memorised
+    path.write_text(json.dumps([{"question": "q", "context": "c", "answer": "Robin Cousins"}]))
+    assert sb.per_item_hits(target, sb.read_items(target)[0], ["<answer>W. Bryan</answer>"])["org"].tolist() == [0.0]
+
+
+def test_the_results_line_leads_with_cnq500():
+    def row(policy, diff):
+        return {"policy": policy, "plain": [0.0, 0.0, 0.0], "difference": diff, "n": 1}
+
+    table = {"cnq500": {"em": row([41.2, 37.0, 45.6], [12.0, 8.2, 15.8]), "contains": row([60.4, 56.0, 64.8],
+                                                                                           [-1.5, -4.0, 1.1])},
+             "confiqa75": {"em": row([60.0, 49.3, 70.7], [4.0, -6.7, 14.7])},
+             "nq300": {"em": row([16.0, 12.0, 20.3], [-1.0, -5.0, 2.7])},
+             "synthetic": {"contains": row([0.7, 0.65, 0.75], [-0.007, -0.057, 0.043])}}
+    assert sb.results_line(table, 7, "bfloat16", "config.toml", 3, 1215) == (
+        "scoreboard (seed 7, bfloat16, config.toml): cnq500 em 41.2 [37.0, 45.6] vs plain 12.0 [8.2, 15.8], "
+        "contains 60.4 vs plain -1.5 [-4.0, 1.1]; confiqa75 em 60.0 [49.3, 70.7] vs plain 4.0 [-6.7, 14.7]; "
+        "nq300 em 16.0 [12.0, 20.3] vs plain -1.0 [-5.0, 2.7]; synthetic contains 0.700 [0.650, 0.750] vs plain "
+        "-0.007 [-0.057, 0.043]; example copied 3 of 1215")
+
+
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
 def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
     policy, _ = lora_checkpoint(tmp_path)
@@ -169,6 +204,8 @@ def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
     for kind in ("QA", "MR", "MC"):
         shutil.copy(FIXTURES / "ConFiQA-QA-test.json", benchmarks / f"ConFiQA-{kind}.dev25.json")
     shutil.copy(FIXTURES / "hq.json", benchmarks / "followrag-nq.json")
+    cnq = json.loads((FIXTURES / "conflict_dev_filtered.json").read_text())
+    (benchmarks / "cnq-nqswap.dev500.json").write_text(json.dumps([{**r, "org_answer": ["Douglass"]} for r in cnq]))
     synthetic = tmp_path / "eval.jsonl"
     synthetic.write_text("".join(json.dumps({"id": f"e{i}", "task": "counterfactual",
                                              "problem": f"<context>{c} is mentioned here.</context>\n\nWhich city? ({i})",
@@ -185,11 +222,12 @@ def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
     assert "merging" in first.stdout and "from the cache" not in first.stdout
     report = json.loads((policy.parent / "scoreboard.json").read_text())
     assert {name: f["n"] for name, f in report["files"].items()} == {
-        "synthetic": 6, "heldout": 40, "confiqa-qa": 8, "confiqa-mr": 8, "confiqa-mc": 8, "nq300": 4}
+        "synthetic": 6, "heldout": 40, "confiqa-qa": 8, "confiqa-mr": 8, "confiqa-mc": 8, "nq300": 4, "cnq500": 4}
     assert set(report["table"]) == {"synthetic", "heldout", "confiqa-qa", "confiqa-mr", "confiqa-mc", "confiqa75",
-                                    "nq300"}
+                                    "nq300", "cnq500"}
     assert report["table"]["confiqa75"]["em"]["n"] == 24 and set(report["table"]["confiqa75"]) == {"em", "ps", "mr"}
-    assert report["items"] == 74 and report["eval_dtype"] == "float32"
+    assert set(report["table"]["cnq500"]) == {"em", "contains", "org"}
+    assert report["items"] == 78 and report["eval_dtype"] == "float32"
     for metrics in report["table"].values():
         for r in metrics.values():
             for side in ("policy", "plain", "difference"):
@@ -197,15 +235,16 @@ def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
                 assert lo <= e <= hi or np.isclose(e, lo) or np.isclose(e, hi)
     line = first.stdout.strip().splitlines()[-1]
     interval = r"-?[\d.]+ \[-?[\d.]+, -?[\d.]+\]"
-    assert re.fullmatch(rf"scoreboard \(seed \d+, float32, config\.toml\): confiqa75 em {interval} vs plain "
+    assert re.fullmatch(rf"scoreboard \(seed \d+, float32, config\.toml\): cnq500 em {interval} vs plain "
+                        rf"{interval}, contains -?[\d.]+ vs plain {interval}; confiqa75 em {interval} vs plain "
                         rf"{interval}; nq300 em {interval} vs plain {interval}; synthetic contains {interval} vs "
-                        rf"plain {interval}; example copied \d+ of 74", line), line
+                        rf"plain {interval}; example copied \d+ of 78", line), line
     assert report["results_line"] == line
     assert (policy.parent / "scoreboard.png").stat().st_size > 0
     predictions = (policy.parent / "scoreboard.predictions.jsonl").read_text().splitlines()
-    assert len(predictions) == 74
+    assert len(predictions) == 78
 
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "merging" not in again.stdout and again.stdout.count("from the cache") == 12  # 6 files × 2 sides
+    assert "merging" not in again.stdout and again.stdout.count("from the cache") == 14  # 7 files × 2 sides
     assert json.loads((policy.parent / "scoreboard.json").read_text())["table"] == report["table"]
