@@ -36,7 +36,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,15 +50,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import data
 import rollout
 from config import Config, ConfigError
-from grpo_loss import decoupled_advantages, flat_groups, group_advantages, grpo_loss, trained_sequences
+from grpo_loss import grpo_loss
 
 from grading.grader import MathGrader
 from plumbing import checkpoint, lora, weight_sync
 from plumbing.runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs
+from plumbing.push import WeightPush
 from training import cli, packing, preflight
-from training.metrics import RunLog, Step, step_metrics, timed, truncate_log, write_run_info
+from training.metrics import RunLog, Step, step_metrics, timed, timing, truncate_log, write_run_info
 from training.optimizer import deepspeed_config, lr_lambda
 from training.scoring import reward_counts, reward_metrics, score
+from variants import Variants
 
 
 # ==============================================================================================================
@@ -79,20 +81,18 @@ class Run:
     reference: Any  # frozen reference model (or its DeepSpeed engine under ZeRO-3); None when β = 0 or with LoRA
     llm: Any  # this rank's vLLM engine
     rows: list[dict]
-    sampler: Any
+    sampler: data.PromptSampler  # this rank's prompts, step by step
     grader: Any
     total_steps: int
-    probe: tuple[list[int], list[int]]  # (prompt ids, completion ids) used to verify every weight push
-    sleep: bool
+    variants: Variants  # the GRPO variants the config turns on (none by default)
+    rollout: Callable[..., rollout.Rollout]  # `rollout_batch`, or it wrapped in dynamic sampling
+    push: WeightPush  # step 6: the push into vLLM and its checks
     out: Path
     step: int = 0
     bad_steps_in_a_row: int = 0
     bad_steps_total: int = 0
     times: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per phase of the current step
     last_step: Any = None  # the latest Step, for samples.jsonl
-    checksum: torch.dtype | None = None  # the engine's dtype where pushes are also checked by weight sums
-    adapter: Any = None  # lora.AdapterPush where vLLM applies the LoRA adapter itself (cfg.pushes_adapter)
-    merged_push: Any = None  # lora.MergedPush where vLLM gets a LoRA policy merged
 
     @property
     def reward_weights(self) -> torch.Tensor:
@@ -166,11 +166,12 @@ def setup(cfg: Config, *, resume: bool) -> Run:
                               cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib, trainer_seed=cfg.seed + rank,
                               lora_rank=cfg.lora_rank if adapter else 0)
     grader = MathGrader(workers=cfg.reward_workers, deadline_s=cfg.reward_deadline_s)
-    probe = weight_sync.make_probe(tokenizer, rows[0]["prompt_ids"])
+    push = WeightPush.create(cfg, llm, weight_sync.make_probe(tokenizer, rows[0]["prompt_ids"]), dtype,
+                             adapter=adapter, sleep=sleep, folder=out / "vllm-adapter" / f"rank-{rank}")
+    variants = Variants.create(cfg)
+    weights = torch.tensor(list(cfg.rewards.values()), dtype=torch.float32)
     run = Run(cfg, rank, world_size, device, tokenizer, engine, reference, llm, rows, sampler, grader, total_steps,
-              probe, sleep, out, checksum=None if dtype == torch.float32 else dtype,
-              adapter=lora.AdapterPush(out / "vllm-adapter" / f"rank-{rank}") if adapter else None,
-              merged_push=lora.MergedPush(cfg.lora_merge_rounding) if cfg.lora_rank and not adapter else None)
+              variants, variants.rollout(rollout_batch, weights, cfg.num_generations), push, out)
     if resume:
         restore(run)
     return run
@@ -200,11 +201,7 @@ def restore(run: Run) -> None:
     if run.rank == 0:  # steps after the checkpoint will be redone: drop their log lines so each step appears once
         for name in ("metrics.jsonl", "samples.jsonl"):
             truncate_log(run.out / name, run.step)
-    # vLLM started from the original weights: give it the restored ones.
-    if lora.is_lora(run.engine.module):
-        lora.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter)
-    else:
-        weight_sync.push(run.llm, run.engine.module, run.cfg.zero_stage)
+    run.push(run.engine, asleep=False)  # vLLM started from the original weights: give it the restored ones
     print0(f"resumed from {path} at step {run.step}")
 
 
@@ -215,107 +212,50 @@ def restore(run: Run) -> None:
 
 def train_step(run: Run) -> Step:
     """One Dual-GRPO step on this rank's next batch of B prompts (N = B·G completions); returns what happened."""
-    cfg, G = run.cfg, run.cfg.num_generations
-    counts_before = reward_counts(run)
+    G = run.cfg.num_generations
 
     # 1. Rollout (vLLM). Stage 1: G samples per prompt. Stage 2: each sample's long answer in place of its
     #    prompt's context, one new sample from that (None where there is no long answer to put in).
-    # 2. Rewards: each configured reward function, and their weighted sum. With dynamic sampling, groups whose
-    #    rewards are all equal are replaced by groups of newly drawn prompts, up to `dynamic_sampling_draws` times.
-    #    Then vLLM's memory goes to the trainer until step 6 (CUDA sleep mode; nothing happens on the CPU).
-    rows, completions, stage2, per_reward, draw_counts = rollout_and_score(run)  # B, N, N entries, (N, R)
-    weight_sync.sleep_engine(run.llm, run.sleep)
-    reward_means = reward_metrics(run, rows, completions, per_reward, counts_before) | draw_counts
-    rewards = per_reward @ run.reward_weights  # (N,)
+    # 2. Rewards: every configured reward function scores every completion; the total is their weighted sum.
+    batch = sample_and_score(run)  # B rows, N completions, N stage-2 entries, (N, R) scores
+    rewards = batch.scores @ run.reward_weights  # (N,)
 
-    # 3. Group-relative advantages: of the weighted sum (CANOE), or the weighted sum of each reward's own
-    #    group-normalised advantage (GDPO). Optionally some sequences leave the loss (DAPO): truncated ones, and
-    #    groups whose advantages are all 0 (`flat`: only the KL term would train on them).
-    if cfg.reward_aggregation == "normalize_then_sum":
-        advantages = decoupled_advantages(per_reward, run.reward_weights, G, eps=cfg.advantage_eps,
-                                          std=cfg.advantage_std)  # (N,)
-    else:
-        advantages = group_advantages(rewards, G, eps=cfg.advantage_eps, std=cfg.advantage_std)  # (N,)
-    truncated = torch.tensor([c.finish_reason == "length" for c in completions])  # (N,)
-    flat = flat_groups(per_reward, run.reward_weights, G, cfg.reward_aggregation)  # (B,) bool: advantages all 0
-    kept = trained_sequences(flat, G, truncated, mask_truncated=cfg.mask_truncated,
-                             skip_zero_variance_groups=cfg.skip_zero_variance_groups)  # (N,) bool
+    # 3. Group-relative advantages A = (r − mean_group) / (std_group + eps) (grpo_loss.py), and the sequences
+    #    that enter the loss: all of them, unless a variant masks some (variants.py).
+    advantages = run.variants.advantages(batch.scores, run.reward_weights, G)  # (N,)
+    kept = run.variants.trained(advantages, batch.completions, G)  # (N,) bool
 
     # 4. Micro-batches, each packed into one row, and what does not change while training on this rollout:
     #    π_ref (for the KL) and π_old (the policy that sampled, for the ratio) of every sampled token.
-    batches = micro_batches(run, rows, completions, advantages, kept)
-    totals = loss_denominators(kept, batches)  # None when no rank kept a sequence: nothing to train on
-    if totals:
-        reference_logprobs(run, batches)
-        old_logprobs(run, batches)
+    micro = micro_batches(run, batch, advantages, kept)
+    totals = loss_constants(run, micro, kept)  # the loss's denominators; None: no rank kept a sequence
 
-    # 5. Loss and backward per micro-batch; DeepSpeed applies the update at the last one of a pass. A pass is
-    #    repeated num_iterations (μ) times on the same rollout: from the second pass on, π_θ ≠ π_old.
-    #    Differs from CANOE (docs/differences.md, D15): optional loss variants (μ among them), all off by default.
-    losses = []
-    for _ in range(cfg.num_iterations if totals else 0):
-        for batch in batches:
-            losses.append(forward_backward(run, batch, totals))
-            optimizer_step(run)
-        skip_or_stop_on_bad_step(run, [loss for loss, _ in losses[-len(batches):]])
+    # 5. Loss and backward per micro-batch; DeepSpeed applies the update at the last one.
+    losses = update(run, micro, totals)
 
-    # 6. Wake vLLM's weights, push the new ones into them and prove that they arrived (the engine is awake again).
-    push_seconds, sync_diff, push_metrics = push_and_verify(run)
+    # 6. Push the new weights into vLLM and prove that they arrived (plumbing/push.py).
+    pushed = run.push(run.engine)
 
     run.step += 1
-    return Step(rows, completions, stage2, rewards, reward_means, kept, losses, batches, push_seconds, sync_diff,
-                flat, push_metrics)
+    return Step(batch, rewards, advantages, kept, losses, micro, pushed)
 
 
-def rollout_and_score(run: Run) -> tuple[list[dict], list, rollout.Stage2, torch.Tensor, dict[str, float]]:
-    """This rank's next B prompts, sampled in both stages and scored: rows, N completions, stage 2, `(N, R)`
-    scores, and the counts of extra draws and replaced groups (`rollout/` metrics).
+def sample_and_score(run: Run) -> rollout.Rollout:
+    """Steps 1 and 2: the rollout (`run.rollout`) with its rewards' logged means; then vLLM's memory goes to the
+    trainer until step 6 (CUDA sleep mode; nothing happens on the CPU)."""
+    counts_before = reward_counts(run)
+    batch = run.rollout(run)
+    weight_sync.sleep_engine(run.llm, run.push.sleep)
+    means = reward_metrics(run, batch.rows, batch.completions, batch.scores, counts_before)
+    return dataclasses.replace(batch, metrics=batch.metrics | means)
 
-    Dynamic sampling (DAPO, Yu et al. 2025, arXiv 2503.14476, section 3.2) with `dynamic_sampling_draws` = D > 0:
-    a group whose weighted rewards are all equal has advantages 0 and teaches nothing, so while some rank holds
-    such a group and fewer than D extra draws were made, every rank draws its next B prompts and samples and scores
-    them; each flat group is replaced, in order, by a new group whose rewards vary (`refills`). Groups still flat
-    after D draws stay. The ranks draw together, so their samplers stay in step (and a checkpoint resumes them).
-    Differs from CANOE (docs/differences.md, D15): an option, off by default.
-    """
-    cfg, G = run.cfg, run.cfg.num_generations
+
+def rollout_batch(run: Run, draw: int = 0) -> rollout.Rollout:
+    """This rank's next B prompts, sampled in both stages and scored (`draw` > 0: dynamic sampling's extra draws)."""
     rows = [run.rows[i] for i in run.sampler.next_batch()]  # B prompts
-    completions, stage2, per_reward = sample_and_score(run, rows, draw=0)
-    counts = {"rollout/extra_draws": 0, "rollout/replaced_groups": 0}
-    for draw in range(1, cfg.dynamic_sampling_draws + 1):
-        flat = flat_groups(per_reward, run.reward_weights, G, cfg.reward_aggregation)  # (B,)
-        (anyone,) = all_reduce_values([float(flat.any())], op=dist.ReduceOp.MAX)
-        if not anyone:
-            break
-        counts["rollout/extra_draws"] += 1
-        fresh_rows = [run.rows[i] for i in run.sampler.next_batch()]
-        fresh, fresh_stage2, fresh_scores = sample_and_score(run, fresh_rows, draw)
-        varied = ~flat_groups(fresh_scores, run.reward_weights, G, cfg.reward_aggregation)  # (B,)
-        for slot, source in refills(flat, varied):
-            rows[slot] = fresh_rows[source]
-            into, out_of = slice(slot * G, (slot + 1) * G), slice(source * G, (source + 1) * G)
-            completions[into], per_reward[into] = fresh[out_of], fresh_scores[out_of]
-            stage2.problems[into] = fresh_stage2.problems[out_of]
-            stage2.completions[into] = fresh_stage2.completions[out_of]
-            counts["rollout/replaced_groups"] += 1
-        stage2 = dataclasses.replace(stage2, too_long=stage2.too_long + fresh_stage2.too_long)  # over every draw
-    return rows, completions, stage2, per_reward, counts
-
-
-def refills(flat: torch.Tensor, varied: torch.Tensor) -> list[tuple[int, int]]:
-    """(slot, source) pairs: the i-th flat group of the batch (`flat`, (B,) bool) is replaced by the i-th varied
-    group of a new draw (`varied`, (B,) bool), as far as the varied groups go.
-
-    >>> refills(torch.tensor([True, False, True]), torch.tensor([False, True, True]))
-    [(0, 1), (2, 2)]
-    """
-    return list(zip(flat.nonzero().flatten().tolist(), varied.nonzero().flatten().tolist()))
-
-
-def sample_and_score(run: Run, rows: list[dict], draw: int) -> tuple[list, rollout.Stage2, torch.Tensor]:
     completions = sample_stage1(run, rows, draw)  # N completions, prompt-major
     stage2 = sample_stage2(run, rows, completions, draw)  # N entries
-    return completions, stage2, score(run, rows, completions, stage2)  # (N, R)
+    return rollout.Rollout(rows, completions, stage2, score(run, rows, completions, stage2))  # scores (N, R)
 
 
 def sampling(run: Run, draw: int) -> dict[str, Any]:
@@ -326,7 +266,7 @@ def sampling(run: Run, draw: int) -> dict[str, Any]:
     cfg = run.cfg
     step = run.step if draw == 0 else f"{run.step}+{draw}"
     return dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_tokens, seed=cfg.seed,
-                step=step, rank=run.rank, lora_request=run.adapter.request if run.adapter else None)
+                step=step, rank=run.rank, lora_request=run.push.lora_request)
 
 
 def with_prefix(cfg: Config, completion: rollout.Completion | None) -> rollout.Completion | None:
@@ -368,12 +308,12 @@ class Batch:
     packed: packing.Packed
     mask: torch.Tensor  # (M, C) trained tokens: completion tokens of the kept sequences
     advantages: torch.Tensor  # (M,)
-    sampler: torch.Tensor  # (M, C) vLLM's log-probabilities of the sampled tokens
+    sampler_logprobs: torch.Tensor  # (M, C) vLLM's log-probabilities of the sampled tokens
     ref: torch.Tensor | None = None  # (M, C) π_ref, None when β = 0
-    old: torch.Tensor | None = None  # (M, C) π_old, filled in when μ > 1 (else the first pass's own values)
+    old: torch.Tensor | None = None  # (M, C) π_old: before the first update when μ > 1, else the first pass's own
 
 
-def micro_batches(run: Run, rows: list[dict], completions, advantages: torch.Tensor, kept: torch.Tensor) -> list[Batch]:
+def micro_batches(run: Run, batch: rollout.Rollout, advantages: torch.Tensor, kept: torch.Tensor) -> list[Batch]:
     """Micro-batches of prompts_per_device prompts, each packed with every prompt once (packing.py).
 
     Differs from CANOE (docs/differences.md, D11): each prompt is scored once per micro-batch, not once per
@@ -381,17 +321,27 @@ def micro_batches(run: Run, rows: list[dict], completions, advantages: torch.Ten
     """
     M, G = run.cfg.sequences_per_micro_batch, run.cfg.num_generations
     batches = []
-    for start in range(0, len(completions), M):
-        part = completions[start : start + M]
-        prompts = [rows[(start + i) // G]["prompt_ids"] for i in range(len(part))]
+    for start in range(0, len(batch.completions), M):
+        part = batch.completions[start : start + M]
+        prompts = [batch.rows[(start + i) // G]["prompt_ids"] for i in range(len(part))]
         packed = packing.pack_micro_batch(prompts, [c.token_ids for c in part], run.device)
         mask = packed.completion_mask * kept[start : start + M, None].to(packed.completion_mask)  # (M, C)
-        sampler = torch.zeros(mask.shape)  # (M, C)
+        sampler_logprobs = torch.zeros(mask.shape)  # (M, C)
         for i, c in enumerate(part):
-            sampler[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+            sampler_logprobs[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
         batches.append(Batch(start, part, packed, mask, advantages[start : start + M].to(run.device),
-                             sampler.to(run.device)))
+                             sampler_logprobs.to(run.device)))
     return batches
+
+
+def loss_constants(run: Run, batches: list[Batch], kept: torch.Tensor) -> dict[str, float] | None:
+    """The loss's global denominators (`loss_denominators`), and π_ref and π_old of every micro-batch; None, and
+    no forward pass, when no rank kept a sequence (possible only under a DAPO mask)."""
+    totals = loss_denominators(kept, batches)
+    if totals:
+        reference_logprobs(run, batches)
+        old_logprobs(run, batches)
+    return totals
 
 
 @timed("ref_logprobs")
@@ -414,7 +364,7 @@ def old_logprobs(run: Run, batches: list[Batch]) -> None:
 
     Differs from CANOE (docs/differences.md, D12): the loss takes π_old as an argument.
     """
-    if run.cfg.num_iterations > 1:
+    if run.variants.num_iterations > 1:
         run.engine.train()  # as in the training passes
         for batch in batches:
             batch.old = packing.completion_logprobs(run.engine, batch.packed)
@@ -426,49 +376,49 @@ def loss_denominators(kept: torch.Tensor, batches: list[Batch]) -> dict[str, flo
     Differs from CANOE (docs/differences.md, D14): the loss does not depend on the micro-batch split.
 
     DeepSpeed averages gradients over ranks, so each rank's share is scaled to the mean over ranks. None when no
-    rank kept any sequence (possible with skip_zero_variance_groups or mask_truncated): the step then trains
-    nothing and costs no forward or backward pass.
+    rank kept any sequence.
     """
     local = [float(kept.sum()), float(sum(b.mask.sum() for b in batches))]
     sequences, tokens = (v / dist.get_world_size() for v in all_reduce_values(local))
     return {"total_sequences": sequences, "total_tokens": max(tokens, 1.0)} if sequences else None
 
 
+def update(run: Run, batches: list[Batch], totals: dict[str, float] | None) -> list[tuple[torch.Tensor, dict]]:
+    """μ passes (`num_iterations`, 1 in CANOE) over the micro-batches: loss and backward for each, DeepSpeed's
+    optimizer step after each (it applies the update at the last micro-batch of a pass, the accumulation
+    boundary); from the second pass on π_θ ≠ π_old. Returns (loss, grpo_loss metrics) per micro-batch and pass;
+    none when `totals` is None."""
+    losses = []
+    for _ in range(run.variants.num_iterations if totals else 0):
+        passed = []
+        for batch in batches:
+            passed.append(forward_backward(run, batch, totals))
+            with timing(run, "optimizer"):
+                run.engine.step()
+        skip_or_stop_on_bad_step(run, [loss for loss, _ in passed])
+        losses += passed
+    return losses
+
+
 @timed("forward_backward")
 def forward_backward(run: Run, batch: Batch, totals: dict[str, float]) -> tuple[torch.Tensor, dict]:
-    cfg = run.cfg
     run.engine.train()
     logprobs = packing.completion_logprobs(run.engine, batch.packed)  # (M, C)
-    old = logprobs.detach() if batch.old is None else batch.old
-    loss, metrics = grpo_loss(logprobs, old, batch.ref, batch.advantages, batch.mask, clip_eps_low=cfg.clip_eps_low,
-                              clip_eps_high=cfg.clip_eps_high, beta=cfg.beta, aggregation=cfg.aggregation,
-                              sampler_logprobs=batch.sampler, importance_cap=cfg.importance_cap,
-                              ratio_level=cfg.ratio_level, max_completion_tokens=cfg.max_completion_tokens, **totals)
+    if batch.old is None:  # μ = 1: the policy that sampled is the one being trained
+        batch.old = logprobs.detach()
+    loss, metrics = grpo_loss(logprobs, batch.old, batch.ref, batch.advantages, batch.mask,
+                              sampler_logprobs=batch.sampler_logprobs, **totals, **run.variants.loss)
     # Our loss is already a share of the whole step: DeepSpeed must not divide it by the accumulation steps.
     run.engine.backward(loss, scale_wrt_gas=False)
-    metrics["vllm_gap"] = vllm_gap(batch, old)
     return loss.detach(), metrics
-
-
-@timed("optimizer")
-def optimizer_step(run: Run) -> None:
-    run.engine.step()  # applies the update only at the last micro-batch of a pass (the accumulation boundary)
-
-
-def vllm_gap(batch: Batch, trainer: torch.Tensor) -> float:
-    """Mean |vLLM sampling logprob − trainer logprob (π_old)| over the completion tokens of a micro-batch."""
-    mask = batch.packed.completion_mask  # (M, C), every completion token, kept or not
-    return float(((batch.sampler - trainer.float()).abs() * mask).sum() / mask.sum().clamp(min=1))
 
 
 def skip_or_stop_on_bad_step(run: Run, losses: list[torch.Tensor]) -> None:
     """Count a step whose update DeepSpeed skipped, and stop when `max_bad_steps` come in a row.
 
-    DeepSpeed skips an update with non-finite gradients without a word (ZeRO-1/2: deepspeed/runtime/zero/
-    stage_1_and_2.py, `DeepSpeedZeroOptimizer.step`; ZeRO-3: runtime/zero/stage3.py,
-    `DeepSpeedZeroOptimizer_Stage3.step`), and then `was_step_applied()` is False and the LR schedule stalls
-    (runtime/engine.py, `DeepSpeedEngine._take_model_step`). A finite loss can have non-finite gradients, so the
-    skip is read from the engine, reduced over ranks with the loss check.
+    DeepSpeed skips an update with non-finite gradients without a word (and then `was_step_applied()` is False
+    and the LR schedule stalls). A finite loss can have non-finite gradients, so the skip is read from the engine,
+    reduced over ranks with the loss check.
     """
     skipped = not run.engine.was_step_applied()
     nonfinite = float(not all(bool(torch.isfinite(loss)) for loss in losses))
@@ -487,44 +437,6 @@ def skip_or_stop_on_bad_step(run: Run, losses: list[torch.Tensor]) -> None:
         raise RuntimeError(f"{run.bad_steps_in_a_row} steps in a row had a non-finite loss or gradient, and DeepSpeed "
                            f"skipped their updates; stopping (max_bad_steps = {run.cfg.max_bad_steps}). Lower the "
                            f"learning rate or check the data.")
-
-
-@timed("weight_push")
-def push_and_verify(run: Run) -> tuple[float, float, dict[str, float]]:
-    """Push the weights into vLLM, then compare vLLM's and the trainer's logprobs of the probe completion; raises
-    weight_sync.WeightSyncError when they disagree. Returns (push seconds, max |difference|, more sync/ metrics).
-    Outside float32 the probe's tolerance must leave room for two sets of bf16 kernels, so the weights' sums are
-    compared too (weight_sync.check_weight_sums: exact, blind to the kernels), and a merged LoRA push logs how much
-    of the adapters' update reaches vLLM (lora.MergedPush).
-
-    With sleep mode the engine arrives asleep (step 1 put it to sleep): its weights are woken first, because a
-    push into a sleeping engine faults on unmapped memory (or, at level 1, is undone by the host copy put back at
-    wake-up), then the KV cache, which the probe needs. The engine leaves awake, ready for the next rollout.
-
-    Differs from CANOE (docs/differences.md, D7): every weight push into vLLM is verified.
-    """
-    weight_sync.wake_weights(run.llm, run.sleep)
-    sums = weight_sync.WeightSums()
-    summing = {"sums": sums if run.checksum else None, "dtype": run.checksum}
-    if lora.is_lora(run.engine.module):  # the merged adapted projections, or the adapter (and W after a sleep)
-        push_seconds = lora.push(run.llm, run.engine.module, run.cfg.zero_stage, adapter=run.adapter, base=run.sleep,
-                                 merged_push=run.merged_push, **summing)
-    else:
-        push_seconds = weight_sync.push(run.llm, run.engine.module, run.cfg.zero_stage, **summing)
-    if run.adapter:  # part of time/weight_push: the adapter's folder written and read back
-        run.times["adapter_push"] = run.adapter.seconds
-    more = run.merged_push.metrics() if run.merged_push else {}  # outside float32: how much of the update arrives
-    if run.checksum:
-        engine_sums = weight_sync.engine_weight_sums(run.llm, sums.scope)  # over what the push sent
-        more["sync/weight_sums_gap"] = weight_sync.check_weight_sums(sums, engine_sums)
-    weight_sync.wake_kv_cache(run.llm, run.sleep)
-    prompt, completion = run.probe
-    run.engine.eval()
-    with torch.no_grad():
-        trainer = packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])], run.device))[0]
-    run.engine.train()
-    vllm = weight_sync.vllm_token_logprobs(run.llm, prompt, completion, run.adapter.request if run.adapter else None)
-    return push_seconds, weight_sync.check_sync(vllm, trainer, run.cfg.push_tolerance(run.checksum or torch.float32)), more
 
 
 # ==============================================================================================================

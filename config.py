@@ -35,8 +35,9 @@ from typing import Any
 import torch
 
 from data import SYSTEM_PROMPT
-from grpo_loss import ADVANTAGE_STDS, AGGREGATIONS, RATIO_LEVELS, REWARD_AGGREGATIONS
+from grpo_loss import ADVANTAGE_STDS, AGGREGATIONS, RATIO_LEVELS
 from rewards import REWARD_FUNCS
+from variants import ADVANTAGE_RULES
 
 CANOE_REWARDS = {"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0}
 # Every linear layer of a Llama/Qwen2 decoder block: attention and MLP ("LoRA Without Regret": adapters on the MLP
@@ -111,9 +112,6 @@ class Config:
     lora_push: str = _key("auto", "how vLLM gets a LoRA policy: merged (W + s·B·A), adapter (vLLM's LoRA support: "
                           "W and the adapter apart, nothing lost to rounding) or auto (adapter on a GPU outside "
                           "float32, merged elsewhere: config.Config.pushes_adapter)")
-    lora_merge_rounding: str = _key("nearest", "a merged LoRA push outside float32: nearest (each push the closest "
-                                    "bfloat16 to W + s·B·A) or feedback (what one push's rounding left out is added "
-                                    "to the next, so the update arrives on average; lora.MergedPush)")
     offload_optimizer: bool = _key(False, "keep optimizer state in CPU memory (DeepSpeed CPU Adam)")
     # --- loss (grpo_loss.py; every default is the original CANOE run's; the options: docs/differences.md, D15)
     beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
@@ -122,8 +120,9 @@ class Config:
     aggregation: str = _key("seq-mean-token-mean", "seq-mean-token-mean (the original), token-mean (DAPO) or "
                             "seq-mean-token-sum-norm (Dr. GRPO: token sum / max_completion_tokens)")
     advantage_eps: float = _key(1e-4, "eps in (r − mean) / (std + eps)")
-    reward_aggregation: str = _key("sum_then_normalize", "sum_then_normalize (CANOE: advantages of the weighted sum) "
-                                   "or normalize_then_sum (GDPO: each reward normalised in its group, then summed)")
+    advantage_rule: str = _key("sum_then_normalize", "a name in variants.ADVANTAGE_RULES: sum_then_normalize (CANOE: "
+                               "advantages of the weighted sum) or normalize_then_sum (GDPO: each reward normalised "
+                               "in its group, then summed)")
     advantage_std: str = _key("unbiased", "unbiased (the original), biased, or none: A = r − mean (Dr. GRPO)")
     num_iterations: int = _key(1, "μ, updates per rollout (1 = the original); from the 2nd on, the ratio and clip act")
     importance_cap: float = _key(0.0, "C of truncated importance sampling, min(π_old/π_vLLM, C) per token; 0 = off")
@@ -166,7 +165,7 @@ class Config:
         adapter's matrices for every token (vllm/lora/ops/torch_ops/lora_ops.py, `bgmv_expand`: `lora_b_weights[
         lora_indices_tensor]`), and sampling with it took 1.6-1.9x as long as with merged weights, far more than a
         merged push costs (bench/RESULTS.md, "The adapter push on the CPU"): there "auto" merges, and
-        `sync/lora_delta_*` say how much of the update arrives (`lora_merge_rounding`, lora.MergedPush).
+        `sync/lora_delta_*` say how much of the update arrives (lora.MergedPush).
         """
         if not self.lora_rank:
             return False
@@ -197,13 +196,11 @@ SYNC_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5}
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16"),
     "lora_push": ("auto", "merged", "adapter"),
-    "lora_merge_rounding": ("nearest", "feedback"),
     "on_long_prompt": ("drop", "error"),
     "lr_scheduler": ("cosine", "constant"),
     "zero_stage": (2, 3),
     "aggregation": AGGREGATIONS,
     "advantage_std": ADVANTAGE_STDS,
-    "reward_aggregation": REWARD_AGGREGATIONS,
     "ratio_level": RATIO_LEVELS,
 }
 
@@ -293,6 +290,8 @@ def _validate(path: Path, cfg: Config) -> None:
         raise bad("top_p", "must lie in (0, 1]")
     if bool(cfg.example_problem) != bool(cfg.example_response):
         raise bad("example_problem", "set example_problem and example_response together, or neither")
+    if cfg.advantage_rule not in ADVANTAGE_RULES:
+        raise bad("advantage_rule", f"must be one of {sorted(ADVANTAGE_RULES)} (a new rule is registered in variants.py)")
     unknown = [name for name in cfg.rewards if name not in REWARD_FUNCS]
     if unknown or not cfg.rewards:
         raise bad("rewards", f"unknown {unknown}; known: {sorted(REWARD_FUNCS)} (a new reward is registered in rewards.py)")

@@ -17,11 +17,11 @@ original, which trains with TRL's GRPOTrainer of early 2025):
     "token-mean" (every trained token weighs the same; DAPO):  L = (1/Σ_i |o_i|) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
     "seq-mean-token-sum-norm" (a constant normaliser; Dr. GRPO):  L = (1/(N·L_max)) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
 
-Options, all off by default (each named after the paper it comes from; docs/differences.md, D15):
+Options of the loss itself, all off by default (each named after the paper it comes from; the config chooses them
+once through variants.py, the door to every variant; docs/differences.md, D15):
 
     std = "none"         A_i = r_i - mean(r_group)                    Dr. GRPO (Liu et al. 2025, arXiv 2503.20783)
     ε_high > ε_low       clip-higher, e.g. ε_high = 0.28              DAPO (Yu et al. 2025, arXiv 2503.14476)
-    trained_sequences    truncated completions / zero-variance groups leave the loss            DAPO
     ratio_level "sequence"  ρ_{i,t} = s_i = exp((1/|o_i|) Σ_{t ∈ o_i} (logp_{i,t} - logp_old_{i,t}))
                          one ratio per sequence, the geometric mean of its token ratios      GSPO (Zheng et al. 2025,
                          arXiv 2507.18071; it clips with ε of a few 1e-4, not 0.2)
@@ -49,18 +49,14 @@ from torch import Tensor
 
 __all__ = [
     "METRIC_REDUCTIONS",
-    "decoupled_advantages",
-    "flat_groups",
     "grpo_loss",
     "group_advantages",
     "merge_metrics",
     "summarize_metrics",
     "token_logprobs",
-    "trained_sequences",
     "zero_variance_groups",
 ]
 
-REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 ADVANTAGE_STDS = ("unbiased", "biased", "none")
 RATIO_LEVELS = ("token", "sequence")
@@ -114,105 +110,23 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: s
     else:
         spread = grouped.std(dim=1, keepdim=True, correction=1 if std == "unbiased" else 0)  # (B, 1)
         advantages = (grouped - mean) / (spread + eps)  # (B, G)
-    constant = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (B, 1)
+    constant = zero_variance_groups(values, group_size)[:, None]  # (B, 1)
     advantages = torch.where(constant, torch.zeros_like(advantages), advantages)  # (B, G)
     return advantages.reshape(-1)  # (N,)
 
 
-def decoupled_advantages(per_reward: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4,
-                         std: str = "unbiased") -> Tensor:
-    """GDPO's decoupled normalisation: each reward is normalised inside its group first, then weighted and summed.
-
-        A_{i,k} = group_advantages(r_{·,k})_i              one advantage per reward k (0 where r_k is constant)
-        S_i     = Σ_k w_k A_{i,k}
-        A_i     = (S_i - mean(S)) / (std(S) + eps)         over the N sequences of the batch (0 if S is constant)
-
-    With the plain weighted sum (CANOE, `group_advantages` of Σ_k w_k r_k), a reward that rarely varies, such
-    as accuracy early in training, is a small share of the sum's spread and drowns in the format and length
-    rewards' noise; normalised first, a group with one correct answer gives that answer an accuracy advantage
-    of the same size whatever the other rewards do. (GDPO, NVlabs; TRL's
-    `multi_objective_aggregation = "normalize_then_sum"`.) `per_reward` is `(N, R)`, `weights` `(R,)`; `std`
-    is group_advantages' std flavour, also used for the batch-wide rescaling. Returns a new `(N,)` tensor.
-
-    >>> decoupled_advantages(torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0]]),
-    ...                      torch.tensor([1.0, 1.0]), group_size=2, eps=0.0, std="biased")
-    tensor([ 1., -1.,  1., -1.])
-    """
-    if per_reward.dim() != 2 or weights.shape != per_reward.shape[1:]:
-        raise ValueError(f"per_reward must be (N, R) and weights (R,), got {tuple(per_reward.shape)} and "
-                         f"{tuple(weights.shape)}")
-    values = per_reward.to(torch.float32)
-    each = torch.stack([group_advantages(values[:, k], group_size, eps, std) for k in range(values.shape[1])],
-                       dim=1)  # (N, R)
-    summed = each @ weights.to(each)  # (N,)
-    if bool(summed.amax() == summed.amin()):
-        return torch.zeros_like(summed)
-    spread = summed.std(correction=1 if std == "unbiased" else 0) if std != "none" else summed.new_tensor(1.0)
-    return (summed - summed.mean()) / (spread + eps)  # (N,)
-
-
-def zero_variance_groups(rewards: Tensor, group_size: int) -> Tensor:
-    """`(B,)` bool: True for the groups whose G rewards are all equal (their advantages are all 0).
+def zero_variance_groups(values: Tensor, group_size: int) -> Tensor:
+    """`(B, ...)` bool: True for the groups whose G values (rewards, or advantages) are all equal. A group whose
+    advantages are all equal teaches nothing but the KL term; DAPO's masks and dynamic sampling act on these.
 
     >>> zero_variance_groups(torch.tensor([1.0, 1.0, 0.0, 2.0]), group_size=2)
     tensor([ True, False])
     """
-    if rewards.dim() != 1 or group_size < 1 or rewards.numel() % group_size != 0:
-        raise ValueError(f"rewards must be (N,) with N a multiple of group_size, got {tuple(rewards.shape)}, "
+    if values.dim() < 1 or group_size < 1 or len(values) % group_size != 0:
+        raise ValueError(f"values must be (N, ...) with N a multiple of group_size, got {tuple(values.shape)}, "
                          f"group_size {group_size}")
-    grouped = rewards.reshape(-1, group_size)  # (B, G)
-    return grouped.amax(dim=1) == grouped.amin(dim=1)  # (B,)
-
-
-def flat_groups(per_reward: Tensor, weights: Tensor, group_size: int, aggregation: str) -> Tensor:
-    """`(B,)` bool: the groups whose advantages are all 0, from the per-reward scores `(N, R)` and their weights
-    `(R,)`. Under CANOE's sum_then_normalize, the groups whose weighted sum is the same for all G samples; under
-    normalize_then_sum (GDPO, `decoupled_advantages`), those where every reward of nonzero weight is, since
-    rewards that vary can give advantages even when their sum does not (normalised one by one, rewards of different
-    spreads no longer cancel). Both are the groups that `skip_zero_variance_groups` drops and dynamic sampling
-    redraws.
-
-    >>> scores = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
-    >>> flat_groups(scores, torch.tensor([1.0, 1.0]), 2, "sum_then_normalize")
-    tensor([True, True])
-    >>> flat_groups(scores, torch.tensor([1.0, 1.0]), 2, "normalize_then_sum")
-    tensor([False,  True])
-    """
-    if aggregation == "normalize_then_sum":
-        weighted = [k for k in range(per_reward.shape[1]) if weights[k]]
-        if not weighted:
-            return torch.ones(len(per_reward) // group_size, dtype=torch.bool)
-        return torch.stack([zero_variance_groups(per_reward[:, k], group_size) for k in weighted]).all(dim=0)
-    return zero_variance_groups(per_reward @ weights.to(per_reward), group_size)
-
-
-def trained_sequences(flat: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,
-                      skip_zero_variance_groups: bool = False) -> Tensor:
-    """`(N,)` bool: which sequences enter the loss. Both options come from DAPO (Yu et al. 2025):
-
-    - `mask_truncated`: a completion cut off by the token limit (`truncated`, `(N,)` bool) has no end, so its
-      reward judges an unfinished text; it gets no loss ("overlong filtering").
-    - `skip_zero_variance_groups`: a group whose advantages are all 0 (`flat`, `(B,)` bool, from `flat_groups`:
-      under normalize_then_sum a group whose weighted sum is flat still trains when one reward varies) gives only
-      the KL term something to train on; all G of its sequences leave the loss (DAPO's dynamic sampling drops
-      such groups and samples new ones; this option only drops them, `dynamic_sampling_draws` also redraws).
-
-    The caller zeroes the mask rows of dropped sequences and counts only the kept ones in the loss
-    denominators (`total_sequences`, `total_tokens`), so that the kept ones weigh as if the batch were theirs.
-
-    >>> trained_sequences(torch.tensor([True, False]), 2, torch.tensor([False, False, True, False]),
-    ...                   mask_truncated=True, skip_zero_variance_groups=True)
-    tensor([False, False, False,  True])
-    """
-    if flat.dim() != 1 or truncated.shape != (len(flat) * group_size,):
-        raise ValueError(f"flat must be (B,) and truncated (B·G,) with G = {group_size}, got {tuple(flat.shape)} "
-                         f"and {tuple(truncated.shape)}")
-    kept = torch.ones(truncated.shape, dtype=torch.bool, device=truncated.device)  # (N,)
-    if mask_truncated:
-        kept &= ~truncated.bool()
-    if skip_zero_variance_groups:
-        kept &= ~flat.bool().repeat_interleave(group_size)  # (N,)
-    return kept
+    grouped = values.reshape(-1, group_size, *values.shape[1:])  # (B, G, ...)
+    return grouped.amax(dim=1) == grouped.amin(dim=1)  # (B, ...)
 
 
 def grpo_loss(

@@ -23,7 +23,7 @@ import hashlib
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from vllm import LLM, SamplingParams
@@ -269,3 +269,28 @@ def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completi
     return Stage2(new_problems, results, too_long)
 
 
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A step's sampled and scored batch: B prompts, their N = B·G completions, the N stage-2 entries and the
+    `(N, R)` scores of the configured rewards; `metrics` what the rollout logs beyond them."""
+
+    rows: list[dict]
+    completions: list[Completion]
+    stage2: Stage2
+    scores: torch.Tensor  # (N, R)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def refilled(self, fresh: Rollout, pairs: list[tuple[int, int]]) -> Rollout:
+        """This batch with group `slot` replaced by `fresh`'s group `source` for each (slot, source) pair
+        (dynamic sampling, variants.py); stage 2's `too_long` counts both draws."""
+        G = len(self.completions) // len(self.rows)
+        rows, completions, scores = list(self.rows), list(self.completions), self.scores.clone()
+        problems, stage2 = list(self.stage2.problems), list(self.stage2.completions)
+        for slot, source in pairs:
+            rows[slot] = fresh.rows[source]
+            into, out_of = slice(slot * G, (slot + 1) * G), slice(source * G, (source + 1) * G)
+            completions[into], scores[into] = fresh.completions[out_of], fresh.scores[out_of]
+            problems[into], stage2[into] = fresh.stage2.problems[out_of], fresh.stage2.completions[out_of]
+        return Rollout(rows, completions, Stage2(problems, stage2, self.stage2.too_long + fresh.stage2.too_long), scores)

@@ -141,50 +141,24 @@ class MergedPush:
     CPU rebuilds that layer's packed kernel (layers/linear.py, `UnquantizedLinearMethod`), so such a push needs no
     `repack_cpu_linear`. After a level-2 sleep the engine has lost every weight and the whole model is pushed.
 
-    **Rounding** (`rounding`, the config's `lora_merge_rounding`). Outside float32 the merged weight is held in
-    bfloat16 (8 bits of mantissa). "nearest" adds Δ = s·B·A to W in bfloat16 at every push, as PEFT's merge does (Δ
-    rounded, then the sum): an entry of Δ below half a step of its W is lost (W + Δ == W), which early in a run is
-    most of Δ (B starts at 0), so vLLM samples a policy between the base and the trainer's. "feedback" adds the part
-    of W + Δ that the last rounding left out, r (float32, per adapted weight), before the next rounding: pushed =
-    round(W + Δ + r), r ← W + Δ + r − pushed. The rounding errors then no longer pile up: over pushes 1..t the
-    delivered updates add up to Σ Δ_s − r_t, with |r_t| at most half a step per entry, so the mean delivered update
-    converges to the intended one (tests/test_push_check.py; stochastic rounding, the other unbiased rounding,
-    converges as 1/sqrt(K) where feedback does as 1/K: bench/merge_rounding.py). The price is a larger error at any
-    one push (up to a whole step against half a step), which vLLM samples with: on the default it raised the probe's
-    gap from at most 0.33 to 0.45 nats, near the 0.5 tolerance (bench/RESULTS.md), so "nearest" stays the default
-    until the probe tolerance is set from a measured distribution. No random draw is made either way; a resumed run
-    restarts r at 0 (it is not checkpointed). In float32 the merge is exact to ~1e-7 of W and is done by PEFT's
-    `get_delta_weight`, with nothing measured.
+    **Rounding.** Outside float32 the merged weight is held in bfloat16 (8 bits of mantissa): Δ = s·B·A is added
+    to W and rounded, as PEFT's merge does, so an entry of Δ below half a step of its W is lost (W + Δ == W). Early
+    in a run that is most of Δ (B starts at 0), and vLLM samples a policy between the base and the trainer's; the
+    metrics below say how much arrives, and the adapter push (`AdapterPush`) loses nothing.
 
     **Measured** outside float32, on a fixed sample of SAMPLE entries of every adapted weight (cheap; the whole
     tensor would cost several times the merge): `sync/lora_delta_cosine` (delivered against intended update, this
     push), `sync/lora_delta_error` = ||delivered − Δ|| / ||Δ|| this push, and `sync/lora_delta_bias` = ||Σ_s
-    (delivered_s − Δ_s)|| / ||Σ_s Δ_s|| over the pushes so far, which feedback drives towards 0 and nearest
-    rounding leaves high while Δ is below half a step.
+    (delivered_s − Δ_s)|| / ||Σ_s Δ_s|| over the pushes so far, high while Δ is below half a step of W.
     """
 
     SAMPLE = 512
 
-    def __init__(self, rounding: str = "feedback"):
-        if rounding not in ("nearest", "feedback"):
-            raise ValueError(f"rounding must be 'nearest' or 'feedback', got {rounding!r}")
-        self.rounding = rounding
-        self.residual: dict[str, torch.Tensor] = {}
+    def __init__(self):
         self.index: dict[str, torch.Tensor] = {}
         self.bias: dict[str, torch.Tensor] = {}  # Σ over pushes of (delivered − Δ) on the sampled entries
         self.intended: dict[str, torch.Tensor] = {}  # Σ over pushes of Δ on the sampled entries
         self._push = [0.0, 0.0, 0.0, 0.0]  # this push: Σ d·Δ, Σ d², Σ Δ², Σ (d − Δ)²
-
-    @torch.no_grad()
-    def merge(self, name: str, weight: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """W + Δ in W's dtype, rounded as `rounding` says (feedback keeps the residual); `delta` is Δ in float32."""
-        target = delta + self.residual.get(name, 0.0)  # float32
-        target += weight
-        merged = target.to(weight.dtype)
-        if self.rounding == "feedback":
-            self.residual[name] = target.sub_(merged)
-        self.measure(name, weight, merged, lambda index: delta.reshape(-1)[index])
-        return merged
 
     def measure(self, name: str, weight: torch.Tensor, merged: torch.Tensor, delta_at) -> None:
         """Add one adapted weight's push to the metrics: W, what was pushed, and `delta_at(index)`, Δ in float32
@@ -226,22 +200,17 @@ def merged_weights(layer: LoraLayer, merged_push: MergedPush | None = None, name
     By default Δ = s·B·A is computed in float32 (`exact_delta`), rounded to W's dtype and added: PEFT's `merge()`
     rule (`get_delta_weight`, which upcasts the adapters on the CPU), bit for bit on the CPU, without its extra
     copies; on a GPU PEFT multiplies in bfloat16, which this does not. Adapters of embedding layers go through
-    PEFT's own `get_delta_weight`. Outside float32, `merged_push` measures what arrives (under `name`) and, with
-    feedback rounding, rounds W + Δ with the residual instead (`MergedPush.merge`). The caller gathers the layer's
-    parameters first under ZeRO-3.
+    PEFT's own `get_delta_weight`. Outside float32, `merged_push` measures what arrives (under `name`). The caller
+    gathers the layer's parameters first under ZeRO-3.
     """
     base = layer.get_base_layer()
-    measured = merged_push is not None and base.weight.dtype != torch.float32
-    if measured and merged_push.rounding == "feedback":
-        merged = {"weight": merged_push.merge(name, base.weight.detach(), exact_delta(layer))}
-    else:
-        weight = torch.add(base.weight.detach(), exact_delta(layer).to(base.weight.dtype))  # a new tensor
-        for adapter in layer.active_adapters:
-            if adapter in getattr(layer, "lora_embedding_A", {}):
-                weight += layer.get_delta_weight(adapter).detach().to(weight.dtype)
-        if measured:
-            merged_push.measure(name, base.weight.detach(), weight, lambda index: sampled_delta(layer, index))
-        merged = {"weight": weight}
+    weight = torch.add(base.weight.detach(), exact_delta(layer).to(base.weight.dtype))  # a new tensor
+    for adapter in layer.active_adapters:
+        if adapter in getattr(layer, "lora_embedding_A", {}):
+            weight += layer.get_delta_weight(adapter).detach().to(weight.dtype)
+    if merged_push is not None and base.weight.dtype != torch.float32:
+        merged_push.measure(name, base.weight.detach(), weight, lambda index: sampled_delta(layer, index))
+    merged = {"weight": weight}
     if getattr(base, "bias", None) is not None:
         merged["bias"] = base.bias.detach().clone()
     return merged
@@ -462,8 +431,7 @@ def push(llm, model: PeftModel, zero_stage: int, *, adapter: AdapterPush | None 
     discards them) and needs all of them.
     Differs from CANOE (docs/differences.md, D17): vLLM receives new merged tensors or the adapter itself.
 
-    Without `adapter`: `policy_weights`, the merged W + s·B·A, rounded with error
-    feedback outside float32, and, unless `base`, only what training changes (`MergedPush`); the frozen rest is
+    Without `adapter`: `policy_weights`, the merged W + s·B·A, and, unless `base`, only what training changes (`MergedPush`); the frozen rest is
     what the engine loaded at start, and the sums' `scope` is what was sent (the engine's side sums the parameters
     it rebuilt from those modules). With `adapter`: the base weights W, exactly as the trainer holds them, where
     `base`, then the adapter (`AdapterPush`); W is frozen and the engine loaded the same W from the model folder at

@@ -312,10 +312,11 @@ class WeightSums:
         self.total += int(columns.sum())
         if tensor.dim() >= 2:
             weights = 1 + torch.arange(matrix.shape[1], device=matrix.device) % 97  # c_j, int64
-            # Σ_j c_j · columns_j as two int64 dot products that cannot overflow: columns = high · 2^24 + low
+            # Σ_j c_j · columns_j in two int64 halves that cannot overflow: columns = high · 2^24 + low. A product
+            # and a sum, not `@`: CUDA has no integer dot/matmul (tests/test_cuda_kernels.py).
             high = columns >> 24
             low = columns - (high << 24)
-            self.placed += (1 + self.layer_of(name)) * ((int(high @ weights) << 24) + int(low @ weights))
+            self.placed += (1 + self.layer_of(name)) * ((int((high * weights).sum()) << 24) + int((low * weights).sum()))
 
     def add_as_held(self, tensor: torch.Tensor, dtype: torch.dtype, name: str = "") -> None:
         """Add a pushed tensor as the engine will hold it: cast to the engine's `dtype`."""

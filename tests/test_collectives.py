@@ -147,20 +147,23 @@ def make_step(rank: int):
     def loss_metrics(tokens, kl_sum, clipped, ratio_sum, ratio_min, ratio_max, capped):
         values = dict(tokens=tokens, kl_sum=kl_sum, clipped_tokens=clipped, ratio_sum=ratio_sum, ratio_min=ratio_min,
                       ratio_max=ratio_max, importance_sum=tokens, importance_capped=capped)
-        return {**{key: torch.tensor(float(value)) for key, value in values.items()}, "vllm_gap": 0.01}
+        return {key: torch.tensor(float(value)) for key, value in values.items()}
 
     mine = [dict(grader_errors=1, timeouts=2, too_long=1, format=1.0, em=0.5, lengths=[3, 5], diff=1e-5, loss=0.5,
                  metrics=loss_metrics(4, 0.4, 1, 4.0, 0.9, 1.1, 0)),
             dict(grader_errors=0, timeouts=1, too_long=2, format=0.5, em=0.0, lengths=[7, 2], diff=2e-5, loss=1.5,
                  metrics=loss_metrics(6, 1.6, 2, 6.3, 0.8, 1.05, 1))][rank]
     completions = [SimpleNamespace(token_ids=[1] * n, finish_reason="stop") for n in mine["lengths"]]
-    step = Step(rows=[{}], completions=completions,
-                stage2=SimpleNamespace(completions=[None, None], too_long=mine["too_long"]),
-                rewards=torch.tensor([1.0, 0.0]),
-                reward_means={"reward/format": mine["format"], "reward/issues": 0, "reward/timeouts": mine["timeouts"],
-                              "reward/grader_errors": mine["grader_errors"], "faithfulness/em": mine["em"]},
-                kept=torch.tensor([True, True]), losses=[(torch.tensor(mine["loss"]), mine["metrics"])], batches=[None],
-                push_seconds=0.1, sync_diff=mine["diff"], zero_variance=torch.tensor([False]))
+    batch = SimpleNamespace(rows=[{}], completions=completions,
+                            stage2=SimpleNamespace(completions=[None, None], too_long=mine["too_long"]),
+                            metrics={"reward/format": mine["format"], "reward/issues": 0,
+                                     "reward/timeouts": mine["timeouts"], "reward/grader_errors": mine["grader_errors"],
+                                     "faithfulness/em": mine["em"]})
+    micro = SimpleNamespace(packed=SimpleNamespace(completion_mask=torch.ones(2, 1)), old=torch.zeros(2, 1),
+                            sampler_logprobs=torch.full((2, 1), -0.01))  # vLLM − trainer: 0.01 per token
+    step = Step(rollout=batch, rewards=torch.tensor([1.0, 0.0]), advantages=torch.tensor([1.0, -1.0]),
+                kept=torch.tensor([True, True]), losses=[(torch.tensor(mine["loss"]), mine["metrics"])],
+                batches=[micro], pushed={"sync/push_seconds": 0.1, "sync/push_max_abs_diff": mine["diff"]})
     run = SimpleNamespace(engine=SimpleNamespace(get_lr=lambda: [1e-6], get_global_grad_norm=lambda: 0.5),
                           bad_steps_total=2, times={"rewards": 1.0}, step=3)
     return step, run

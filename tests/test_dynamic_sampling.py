@@ -1,4 +1,4 @@
-"""Dynamic sampling (canoe.rollout_and_score): flat groups are replaced by varied groups of newly drawn prompts.
+"""Dynamic sampling (variants.dynamic_sampling): flat groups are replaced by varied groups of newly drawn prompts.
 
 The rollouts are stand-ins (a table of scripted rewards per prompt) and the all-reduce a stand-in that can say
 another rank still holds a flat group; the real path runs end to end in tests/test_train.py (two ranks).
@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import canoe
+import variants
 from config import Config
 from data import PromptSampler
-from rollout import Completion, Stage2
+from rollout import Completion, Rollout, Stage2
 
 G = 3
 # The rewards each prompt's G samples get in the stand-in rollout: prompts 1, 2, 4 and 6 give flat groups.
@@ -28,34 +28,36 @@ def scripted(monkeypatch):
     (make_run, the draws made)."""
     draws = []
 
-    def sample_and_score(run, rows, draw):
+    def rollout(run, draw=0):
+        rows = [run.rows[i] for i in run.sampler.next_batch()]
         draws.append(([row["index"] for row in rows], draw))
         completions = [Completion(f"p{row['index']} s{i}", (row["index"],), (-0.5,), "stop") for row in rows for i in range(G)]
         stage2 = Stage2([f"problem {row['index']}" for row in rows for _ in range(G)], [None] * len(completions), 1)
-        return completions, stage2, torch.tensor([SCRIPT[row["index"]] for row in rows]).reshape(-1, 1)  # (N, 1)
+        return Rollout(rows, completions, stage2, torch.tensor([SCRIPT[row["index"]] for row in rows]).reshape(-1, 1))
 
     def all_reduce_values(values, op):  # this rank's flag, or 1 when another rank is said to hold a flat group
         return [max(values[0], float(other_rank_flat[0]))]
 
     other_rank_flat = [False]
-    monkeypatch.setattr(canoe, "sample_and_score", sample_and_score)
-    monkeypatch.setattr(canoe, "all_reduce_values", all_reduce_values)
+    monkeypatch.setattr(variants, "all_reduce_values", all_reduce_values)
 
     def make_run(B: int, D: int, other_flat: bool = False):
+        """(the run, its rollout as the set-up chooses it)"""
         other_rank_flat[0] = other_flat
         sampler = PromptSampler(8, B, seed=0)
         sampler.epoch_order = lambda epoch: list(range(8))  # file order, so the script reads top to bottom
         cfg = Config(num_generations=G, prompts_per_device=B, dynamic_sampling_draws=D, rewards={"accuracy": 1.0})
-        return SimpleNamespace(cfg=cfg, rows=[{"index": i} for i in range(8)], sampler=sampler,
-                               reward_weights=torch.tensor([1.0]), step=0)
+        run = SimpleNamespace(cfg=cfg, rows=[{"index": i} for i in range(8)], sampler=sampler, step=0)
+        return run, variants.Variants.create(cfg).rollout(rollout, torch.tensor([1.0]), G)
 
     return make_run, draws
 
 
 def test_flat_groups_are_replaced_in_order_by_varied_groups_of_new_draws(scripted):
     make_run, draws = scripted
-    run = make_run(B=4, D=2)
-    rows, completions, stage2, scores, counts = canoe.rollout_and_score(run)
+    run, rollout = make_run(B=4, D=2)
+    batch = rollout(run)
+    rows, completions, stage2, scores, counts = batch.rows, batch.completions, batch.stage2, batch.scores, batch.metrics
     # first draw 0-3 (1 and 2 flat); the second draw 4-7 has varied groups 5 and 7: 5 replaces 1, 7 replaces 2
     assert draws == [([0, 1, 2, 3], 0), ([4, 5, 6, 7], 1)]
     assert [row["index"] for row in rows] == [0, 5, 7, 3]
@@ -67,66 +69,49 @@ def test_flat_groups_are_replaced_in_order_by_varied_groups_of_new_draws(scripte
 
 def test_draws_stop_at_the_limit_and_flat_groups_stay(scripted):
     make_run, draws = scripted
-    run = make_run(B=1, D=2)
+    run, rollout = make_run(B=1, D=2)
     run.sampler.next_batch()  # start at prompt 1: flat, and so are 2 (the first extra draw); 3 varies
-    rows, _, _, scores, counts = canoe.rollout_and_score(run)
+    batch = rollout(run)
+    rows, counts = batch.rows, batch.metrics
     assert [row["index"] for row in rows] == [3] and counts == {"rollout/extra_draws": 2, "rollout/replaced_groups": 1}
     assert draws == [([1], 0), ([2], 1), ([3], 2)]
 
     draws.clear()
-    run = make_run(B=1, D=1)
+    run, rollout = make_run(B=1, D=1)
     run.sampler.next_batch()
-    rows, _, _, scores, counts = canoe.rollout_and_score(run)
+    batch = rollout(run)
+    rows, scores, counts = batch.rows, batch.scores, batch.metrics
     assert [row["index"] for row in rows] == [1] and scores.flatten().tolist() == SCRIPT[1]  # one draw, still flat
     assert counts == {"rollout/extra_draws": 1, "rollout/replaced_groups": 0}
 
 
 def test_off_by_default_and_every_rank_draws_while_any_rank_needs_to(scripted):
     make_run, draws = scripted
-    run = make_run(B=1, D=0)
-    run.sampler.next_batch()  # prompt 1, flat: with D = 0 nothing more is drawn
-    assert [row["index"] for row in canoe.rollout_and_score(run)[0]] == [1] and draws == [([1], 0)]
+    run, rollout = make_run(B=1, D=0)
+    run.sampler.next_batch()  # prompt 1, flat: with D = 0 the rollout is the plain one and nothing more is drawn
+    batch = rollout(run)
+    assert [row["index"] for row in batch.rows] == [1] and draws == [([1], 0)] and batch.metrics == {}
 
     draws.clear()
-    run = make_run(B=1, D=2, other_flat=True)  # this rank's group varies (prompt 0), another rank's does not
-    rows, _, _, _, counts = canoe.rollout_and_score(run)
+    run, rollout = make_run(B=1, D=2, other_flat=True)  # this rank's group varies (prompt 0), another's does not
+    batch = rollout(run)
+    rows, counts = batch.rows, batch.metrics
     assert draws == [([0], 0), ([1], 1), ([2], 2)]  # drawn in step with the other rank (the samplers stay aligned)
     assert [row["index"] for row in rows] == [0] and counts == {"rollout/extra_draws": 2, "rollout/replaced_groups": 0}
     assert run.sampler.position == 3
 
 
-def test_a_group_is_flat_when_its_advantages_are_all_zero():
-    from grpo_loss import flat_groups
-
+@pytest.mark.parametrize("rule", ["sum_then_normalize", "normalize_then_sum"])
+def test_a_group_is_flat_when_its_advantages_are_all_equal(rule):
     scores = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0], [0.0, 2.0], [0.0, 3.0]])  # (N = 3·2, R = 2)
-    both = torch.tensor([1.0, 1.0])
-    assert flat_groups(scores, both, 2, "sum_then_normalize").tolist() == [True, True, False]  # sums 1, 1 | 2, 2 | 2, 3
-    # GDPO: reward 1 varies in group 0
-    assert flat_groups(scores, both, 2, "normalize_then_sum").tolist() == [False, True, False]
-    # a reward of weight 0 gives no advantage
-    assert flat_groups(scores, torch.tensor([0.0, 1.0]), 2, "normalize_then_sum").tolist() == [False, True, False]
-    assert flat_groups(scores, torch.tensor([1.0, 0.0]), 2, "normalize_then_sum").tolist() == [False, True, True]
-
-
-def test_each_draw_samples_with_its_own_seed():
-    run = SimpleNamespace(cfg=Config(), step=5, rank=1, adapter=None)
-    seeds = {canoe.sampling(run, draw)["step"] for draw in range(3)}
-    assert canoe.sampling(run, 0)["step"] == 5 and len(seeds) == 3  # draw 0 keeps the step's seed (runs unchanged)
-
-
-def test_a_negative_number_of_draws_is_refused(tmp_path):
-    from config import ConfigError, load_config
-
-    path = tmp_path / "c.toml"
-    path.write_text("dynamic_sampling_draws = -1\n")
-    with pytest.raises(ConfigError, match="dynamic_sampling_draws"):
-        load_config(path)
-
-
-def test_the_docstring_example_holds():
-    import doctest
-
-    runner = doctest.DocTestRunner()
-    for test in doctest.DocTestFinder().find(canoe.refills, "refills", globs={"torch": torch, "refills": canoe.refills}):
-        runner.run(test)
-    assert runner.tries == 1 and runner.failures == 0
+    chosen = variants.Variants.create(Config(advantage_rule=rule))
+    for weights, flat in {"sum_then_normalize": [([1.0, 1.0], [True, True, False])],  # sums 1, 1 | 2, 2 | 2, 3
+                          # GDPO: in group 0 both rewards vary but their advantages cancel in the sum; a reward of
+                          # weight 0 gives no advantage
+                          "normalize_then_sum": [([1.0, 1.0], [True, True, False]), ([0.0, 1.0], [False, True, False]),
+                                                 ([1.0, 0.0], [False, True, True])]}[rule]:
+        weights = torch.tensor(weights)
+        advantages = chosen.advantages(scores, weights, 2).reshape(3, 2)  # (B, G)
+        assert chosen.flat(scores, weights, 2).tolist() == flat
+        for group, is_flat in enumerate(flat):  # flat: the group's advantages are equal; else they differ
+            assert (advantages[group, 0] == advantages[group, 1]) == is_flat

@@ -13,13 +13,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import grpo_loss
-from grpo_loss import decoupled_advantages, group_advantages, grpo_loss as loss_fn, merge_metrics, summarize_metrics, token_logprobs
+import variants
+from config import Config
+from grpo_loss import group_advantages, grpo_loss as loss_fn, merge_metrics, summarize_metrics, token_logprobs
+from variants import Variants, decoupled_advantages, trained_sequences
 
 LN2 = math.log(2.0)
 
 
 def test_docstring_examples():
     assert doctest.testmod(grpo_loss).failed == 0
+    assert doctest.testmod(variants).failed == 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -435,20 +439,23 @@ def test_zero_variance_groups_and_trained_sequences():
     truncated = torch.tensor([False, True, True, False, False, False])
     flat = grpo_loss.zero_variance_groups(rewards, 2)
     assert torch.equal(flat, torch.tensor([True, False, True]))
-    everything = grpo_loss.trained_sequences(flat, 2, truncated)
+    everything = trained_sequences(flat, 2, truncated)
     assert torch.equal(everything, torch.ones(6, dtype=torch.bool))
     # DAPO overlong filtering: the truncated completions 1 and 2 leave the loss
-    assert torch.equal(grpo_loss.trained_sequences(flat, 2, truncated, mask_truncated=True),
+    assert torch.equal(trained_sequences(flat, 2, truncated, mask_truncated=True),
                        torch.tensor([True, False, False, True, True, True]))
     # zero-variance groups 0 and 2 leave the loss, all of their members
-    assert torch.equal(grpo_loss.trained_sequences(flat, 2, truncated, skip_zero_variance_groups=True),
+    assert torch.equal(trained_sequences(flat, 2, truncated, skip_zero_variance_groups=True),
                        torch.tensor([False, False, True, True, False, False]))
     # both: only sequence 3 is left
-    assert torch.equal(grpo_loss.trained_sequences(flat, 2, truncated, mask_truncated=True,
+    assert torch.equal(trained_sequences(flat, 2, truncated, mask_truncated=True,
                                                    skip_zero_variance_groups=True),
                        torch.tensor([False, False, False, True, False, False]))
     with pytest.raises(ValueError, match="flat must be"):
-        grpo_loss.trained_sequences(flat, 2, truncated[:4])
+        trained_sequences(flat, 2, truncated[:4])
+    # per reward: scores (N, R) give (B, R), as signal/<name> counts the groups in which each reward varies
+    scores = torch.stack([rewards, torch.tensor([0.0, 1.0, 2.0, 2.0, 5.0, 4.0])], dim=1)  # (6, 2)
+    assert grpo_loss.zero_variance_groups(scores, 2).tolist() == [[True, False], [False, True], [True, False]]
 
 
 def test_skipped_groups_under_normalize_then_sum_are_those_without_advantages():
@@ -458,15 +465,15 @@ def test_skipped_groups_under_normalize_then_sum_are_those_without_advantages():
     per_reward = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.5, 0.5], [0.0, 0.5, 0.5], [0.0, 0.0, 1.0]]
                               + [[1.0, 1.0, 1.0]] * 4)  # (N = 8, R = 3), G = 4
     weights = torch.ones(3)
-    advantages = grpo_loss.decoupled_advantages(per_reward, weights, 4)  # (N,)
+    advantages = decoupled_advantages(per_reward, weights, 4)  # (N,)
     assert advantages[:4].abs().min() > 0.1 and torch.equal(advantages[4:], torch.zeros(4))
-    flat = grpo_loss.flat_groups(per_reward, weights, 4, "normalize_then_sum")
-    kept = grpo_loss.trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
+    flat = Variants.create(Config(advantage_rule="normalize_then_sum")).flat(per_reward, weights, 4)
+    kept = trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
     assert torch.equal(kept, torch.tensor([True] * 4 + [False] * 4))
     # under CANOE's sum_then_normalize both groups have advantages 0 and both leave
     assert torch.equal(grpo_loss.group_advantages(per_reward @ weights, 4), torch.zeros(8))
-    flat = grpo_loss.flat_groups(per_reward, weights, 4, "sum_then_normalize")
-    kept = grpo_loss.trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
+    flat = Variants.create(Config()).flat(per_reward, weights, 4)
+    kept = trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
     assert not kept.any()
 
 

@@ -88,7 +88,7 @@ def test_the_step_trains_only_the_adapters_pushes_the_merge_and_scores_the_refer
     plain = tiny_model()  # the base model, to score π_ref independently
     for _ in range(3):
         step = canoe.train_step(run)
-        assert step.sync_diff <= 1e-4
+        assert step.pushed["sync/push_max_abs_diff"] <= 1e-4
         pushed = dict(llm.model.named_parameters())
         for name, tensor in lora.policy_weights(run.engine.module, 2):
             assert torch.equal(pushed[name], tensor), name

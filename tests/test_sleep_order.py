@@ -35,6 +35,8 @@ import data
 import rollout
 from plumbing import weight_sync
 from config import Config
+from plumbing.push import WeightPush
+from variants import Variants
 
 VOCAB = 64
 
@@ -175,8 +177,9 @@ def make_run(tmp_path, sleep: bool, policy: torch.nn.Module | None = None,
             for i in range(4)]
     sampler = data.PromptSampler(len(rows), cfg.prompts_per_step, cfg.seed, 0, 1)
     grader = SimpleNamespace(timeouts=0, errors=0)  # the counters the step reads; the rewards are fixed_rewards
+    push = WeightPush(llm, ([1, 2, 3, 4], [5, 6, 7]), cfg.push_tolerance(torch.float32), cfg.zero_stage, sleep=sleep)
     run = canoe.Run(cfg, 0, 1, torch.device("cpu"), None, engine, None, llm, rows, sampler, grader, 2,
-                    ([1, 2, 3, 4], [5, 6, 7]), sleep, tmp_path)
+                    Variants.create(cfg), canoe.rollout_batch, push, tmp_path)
     return run, llm
 
 
@@ -199,7 +202,7 @@ def test_the_step_pushes_only_into_an_awake_engine(tmp_path, process_group, monk
     before = {n: p.detach().clone() for n, p in run.engine.module.named_parameters()}
     for _ in range(2):
         step = canoe.train_step(run)
-        assert step.sync_diff <= 1e-4  # the probe agrees: vLLM generates from the trained weights
+        assert step.pushed["sync/push_max_abs_diff"] <= 1e-4  # the probe agrees: vLLM generates from the trained weights
         assert weights_agree(run, llm)
     assert any(not torch.equal(p, before[n]) for n, p in run.engine.module.named_parameters()), "nothing trained"
     assert not llm.asleep  # awake for the next step's sampling

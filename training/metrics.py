@@ -5,7 +5,7 @@
 fraction, ratios, importance weights), `completion/*`, `stage2/*`, `sync/*`, `train/*`, `time/<phase>` and
 `perf/tokens_per_s`. How a rank's values become the run's (`step_metrics`, with runtime.reduce_over_ranks):
 - counts are summed over ranks (COUNT_KEYS: `reward/issues`, `reward/timeouts`, `reward/grader_errors`,
-  `stage2/too_long`): one grader error on one rank of eight logs 1, not 0.125;
+  `stage2/too_long`, `rollout/replaced_groups`): one grader error on one rank of eight logs 1, not 0.125;
 - maxima take the largest value of any rank (MAX_KEYS: `completion/length_max`, `sync/push_max_abs_diff`,
   `sync/weight_sums_gap`);
 - values that are already the same on every rank are logged as they are (GLOBAL_KEYS): the `loss/*` metrics of
@@ -20,6 +20,7 @@ A new metric that counts something belongs in COUNT_KEYS, one that is a maximum 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -36,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 
-from grpo_loss import METRIC_REDUCTIONS, merge_metrics, summarize_metrics
+from grpo_loss import METRIC_REDUCTIONS, merge_metrics, summarize_metrics, zero_variance_groups
 from plumbing.runtime import all_reduce_values, reduce_over_ranks
 
 
@@ -64,17 +65,24 @@ def truncate_log(path: Path, last_step: int) -> None:
     os.replace(staging, path)
 
 
+@contextlib.contextmanager
+def timing(run, phase: str):
+    """Add the block's wall-clock seconds to `run.times[phase]`."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        run.times[phase] = run.times.get(phase, 0.0) + time.perf_counter() - start
+
+
 def timed(phase: str) -> Callable:
     """Decorate a step phase `f(run, ...)`: its wall-clock seconds add up in `run.times[phase]`."""
 
     def decorate(function: Callable) -> Callable:
         @functools.wraps(function)
         def wrapper(run, *args, **kwargs):
-            start = time.perf_counter()
-            try:
+            with timing(run, phase):
                 return function(run, *args, **kwargs)
-            finally:
-                run.times[phase] = run.times.get(phase, 0.0) + time.perf_counter() - start
 
         return wrapper
 
@@ -85,19 +93,13 @@ def timed(phase: str) -> Callable:
 class Step:
     """What one training step did, as canoe.train_step returns it (N = B·G completions of this rank)."""
 
-    rows: list[dict]  # the B prompts
-    completions: list  # N rollout.Completion
-    stage2: Any  # rollout.Stage2, N entries
+    rollout: Any  # rollout.Rollout: B rows, N completions, N stage-2 entries, (N, R) scores, their logged means
     rewards: torch.Tensor  # (N,) weighted totals
-    reward_means: dict[str, float]  # reward/<name>, signal/<name>, reward/issues, reward/timeouts,
-    # reward/grader_errors, faithfulness/em, rollout/extra_draws, rollout/replaced_groups
+    advantages: torch.Tensor  # (N,)
     kept: torch.Tensor  # (N,) bool, the sequences that entered the loss
     losses: list[tuple[torch.Tensor, dict]]  # (loss, grpo_loss metrics) per micro-batch and pass
-    batches: list  # the micro-batches (for their token counts)
-    push_seconds: float
-    sync_diff: float  # max |vLLM − trainer| log-prob of the probe after the push
-    zero_variance: torch.Tensor  # (B,) bool, groups whose advantages are all 0 (grpo_loss.flat_groups)
-    push_metrics: dict[str, float] = field(default_factory=dict)  # sync/weight_sums_gap, sync/lora_delta_* (canoe)
+    batches: list  # the micro-batches (their masks, π_old and vLLM's log-probabilities)
+    pushed: dict[str, float]  # the push's sync/ and time/ metrics (plumbing/push.py)
 
 
 GLOBAL_KEYS = {"loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
@@ -128,10 +130,11 @@ def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
     totals = (merge_metrics(metrics for _, metrics in step.losses) if step.losses
               else {key: torch.tensor(0.0) for key in METRIC_REDUCTIONS})
     totals = reduce_loss_totals(totals)  # sums add over ranks, extremes take min/max
-    completions, first_pass = step.completions, step.losses[: len(step.batches)]
+    completions, first_pass = step.rollout.completions, step.losses[: len(step.batches)]
     lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
+    G = len(completions) // len(step.rollout.rows)
     metrics = {
-        **step.reward_means,
+        **step.rollout.metrics,
         "reward/total": float(step.rewards.mean()),
         "reward/total_std": float(step.rewards.std()),
         "loss/loss": sum(float(loss) for loss, _ in first_pass),
@@ -139,13 +142,11 @@ def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
         "completion/length_mean": float(lengths.mean()),
         "completion/length_max": float(lengths.max()),
         "completion/truncated_frac": sum(c.finish_reason == "length" for c in completions) / len(completions),
-        "stage2/regenerated_frac": sum(c is not None for c in step.stage2.completions) / len(completions),
-        "stage2/too_long": step.stage2.too_long,
-        "train/zero_variance_groups": float(step.zero_variance.float().mean()),
+        "stage2/regenerated_frac": sum(c is not None for c in step.rollout.stage2.completions) / len(completions),
+        "stage2/too_long": step.rollout.stage2.too_long,
+        "train/zero_variance_groups": float(zero_variance_groups(step.advantages, G).float().mean()),
         "train/trained_frac": float(step.kept.float().mean()),
-        "sync/push_max_abs_diff": step.sync_diff,
-        "sync/push_seconds": step.push_seconds,
-        **step.push_metrics,
+        **step.pushed,
         "train/lr": run.engine.get_lr()[0],
         "train/grad_norm": float(run.engine.get_global_grad_norm() or 0.0),
         "train/bad_steps_total": run.bad_steps_total,
@@ -154,10 +155,16 @@ def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
         "perf/tokens_per_s": float(lengths.sum()) / seconds,
     }
     if first_pass:  # measured where the trainer scored the sampled tokens
-        metrics["sync/vllm_trainer_gap"] = sum(m["vllm_gap"] for _, m in first_pass) / len(first_pass)
+        metrics["sync/vllm_trainer_gap"] = sum(map(vllm_gap, step.batches)) / len(step.batches)
     metrics = reduce_over_ranks(metrics, keep=GLOBAL_KEYS, sums=COUNT_KEYS, maxima=MAX_KEYS)
     metrics["step"] = run.step
     return metrics
+
+
+def vllm_gap(batch) -> float:
+    """Mean |vLLM sampling logprob − trainer logprob (π_old)| over the completion tokens of a micro-batch."""
+    mask = batch.packed.completion_mask  # (M, C), every completion token, kept or not
+    return float(((batch.sampler_logprobs - batch.old.float()).abs() * mask).sum() / mask.sum().clamp(min=1))
 
 
 class RunLog:
@@ -194,11 +201,12 @@ class RunLog:
         if not self.enabled:
             return
         with open(self.out / "samples.jsonl", "a") as f:
-            for i, c in enumerate(step.completions):
-                row, stage2 = step.rows[i // G], step.stage2.completions[i]
+            batch = step.rollout
+            for i, c in enumerate(batch.completions):
+                row, stage2 = batch.rows[i // G], batch.stage2.completions[i]
                 f.write(json.dumps({
                     "step": step_number, "problem": row["problem"], "solution": row["solution"], "completion": c.text,
-                    "stage2_problem": step.stage2.problems[i],
+                    "stage2_problem": batch.stage2.problems[i],
                     "stage2_completion": None if stage2 is None else stage2.text,
                     "reward": float(step.rewards[i]),
                 }) + "\n")

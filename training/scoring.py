@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 import data
+from grpo_loss import zero_variance_groups
 from rewards import REWARD_FUNCS, REWARD_ISSUES
 from training.metrics import timed
 
@@ -57,8 +58,7 @@ def reward_metrics(run, rows: list[dict], completions, per_reward: torch.Tensor,
     """
     G, names = run.cfg.num_generations, list(run.cfg.rewards)
     means = {f"reward/{name}": float(per_reward[:, j].mean()) for j, name in enumerate(names)}
-    grouped = per_reward.reshape(-1, G, len(names))  # (B, G, R)
-    varies = (grouped.amax(dim=1) != grouped.amin(dim=1)).float().mean(dim=0)  # (R,) share of the B groups
+    varies = (~zero_variance_groups(per_reward, G)).float().mean(dim=0)  # (R,) share of the B groups
     means |= {f"signal/{name}": float(varies[j]) for j, name in enumerate(names)}
     issues, timeouts, errors = (now - before for now, before in zip(reward_counts(run), counts_before))
     means |= {"reward/issues": issues, "reward/timeouts": timeouts,

@@ -1,0 +1,91 @@
+"""Step 6 of the driver: the trained weights into vLLM, and the proof that they arrived. One call,
+`run.push(run.engine)`, whichever of the three ways the set-up chose (`WeightPush.create`):
+
+- full weights: every parameter under its Hugging Face name (`weight_sync.push`);
+- merged LoRA: W + s·B·A of every adapted module, in new tensors (`lora.push` with a `lora.MergedPush`);
+- LoRA adapter: the adapter itself into vLLM's LoRA support, W untouched (`lora.push` with a `lora.AdapterPush`).
+
+Differs from CANOE (docs/differences.md, D7): every push is verified. The probe (`weight_sync.check_sync`) compares
+vLLM's and the trainer's log-probabilities of one fixed completion; outside float32 its tolerance must leave room
+for two sets of bfloat16 kernels, so the pushed weights' exact sums are compared with the engine's too
+(`weight_sync.check_weight_sums`), and the adapter push checks vLLM's LoRA slot bit for bit (`lora.check_adapter`).
+
+With sleep mode (CUDA) the engine arrives asleep: its weights are woken before the push (a push into unmapped
+memory faults), the KV cache after it (the probe needs it); the engine leaves awake for the next rollout.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from plumbing import lora, weight_sync
+from training import packing
+
+
+@dataclass
+class WeightPush:
+    llm: Any  # this rank's vLLM engine
+    probe: tuple[list[int], list[int]]  # (prompt ids, completion ids) scored by both sides after every push
+    tolerance: float  # the probe's, in nats (Config.push_tolerance)
+    zero_stage: int
+    sums_dtype: torch.dtype | None = None  # outside float32: the engine's dtype, and the weight sums are compared
+    sleep: bool = False  # the engine sleeps through the update (CUDA sleep mode)
+    adapter: lora.AdapterPush | None = None  # the LoRA adapter way
+    merged: lora.MergedPush | None = None  # the merged LoRA way
+
+    @classmethod
+    def create(cls, cfg, llm, probe, dtype: torch.dtype, *, adapter: bool, sleep: bool, folder: Path) -> WeightPush:
+        """The way `cfg` pushes: the adapter where `adapter` (Config.pushes_adapter), merged where LoRA trains
+        otherwise, full weights without LoRA. `folder` holds this rank's adapter pushes."""
+        return cls(llm, probe, cfg.push_tolerance(dtype), cfg.zero_stage,
+                   sums_dtype=None if dtype == torch.float32 else dtype, sleep=sleep,
+                   adapter=lora.AdapterPush(folder) if adapter else None,
+                   merged=lora.MergedPush() if cfg.lora_rank and not adapter else None)
+
+    @property
+    def lora_request(self):
+        """What every vLLM request names where vLLM applies the adapter itself (None otherwise)."""
+        return self.adapter.request if self.adapter else None
+
+    def __call__(self, engine, *, asleep: bool = True) -> dict[str, float]:
+        """Push `engine`'s weights (a DeepSpeed engine or a plain model), verify them and return the `sync/` and
+        `time/` metrics; raises weight_sync.WeightSyncError when they did not arrive. `asleep=False` where the
+        engine is known to be awake (a resumed run's first push)."""
+        start = time.perf_counter()
+        model = getattr(engine, "module", engine)
+        sleeping = self.sleep and asleep
+        weight_sync.wake_weights(self.llm, sleeping)
+        sums = weight_sync.WeightSums() if self.sums_dtype else None
+        if lora.is_lora(model):
+            seconds = lora.push(self.llm, model, self.zero_stage, adapter=self.adapter, base=sleeping,
+                                merged_push=self.merged, sums=sums, dtype=self.sums_dtype)
+        else:
+            seconds = weight_sync.push(self.llm, model, self.zero_stage, sums=sums, dtype=self.sums_dtype)
+        metrics = {"sync/push_seconds": seconds}
+        if self.adapter:  # part of the push: the adapter's folder written and read back
+            metrics["time/adapter_push"] = self.adapter.seconds
+        if self.merged:  # outside float32: how much of the update arrives
+            metrics |= self.merged.metrics()
+        if sums is not None:  # over what the push sent
+            metrics["sync/weight_sums_gap"] = weight_sync.check_weight_sums(
+                sums, weight_sync.engine_weight_sums(self.llm, sums.scope))
+        weight_sync.wake_kv_cache(self.llm, sleeping)
+        metrics["sync/push_max_abs_diff"] = self.check_probe(engine)
+        metrics["time/weight_push"] = time.perf_counter() - start
+        return metrics
+
+    def check_probe(self, engine) -> float:
+        """The probe's worst |vLLM − trainer| log-probability; raises weight_sync.WeightSyncError beyond tolerance."""
+        prompt, completion = self.probe
+        device = next(getattr(engine, "module", engine).parameters()).device
+        engine.eval()
+        with torch.no_grad():
+            trainer = packing.completion_logprobs(engine, packing.pack([(prompt, [completion])], device))[0]
+        engine.train()
+        vllm = weight_sync.vllm_token_logprobs(self.llm, prompt, completion, self.lora_request)
+        return weight_sync.check_sync(vllm, trainer, self.tolerance)

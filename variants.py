@@ -1,0 +1,195 @@
+"""Every GRPO variant beyond CANOE's, behind one door: chosen once at set-up from the config (`Variants.create`),
+so CANOE's step (canoe.train_step) reads the same whichever are on, and with the defaults every one is off.
+What each does, its paper and what it did on our runs: docs/loss-options.md.
+
+Differs from CANOE (docs/differences.md, D15): options, all off by default.
+
+- advantage rules (`ADVANTAGE_RULES`, the config's `advantage_rule`): CANOE's advantages of the weighted sum,
+  or GDPO's sum of each reward's own advantages;
+- Dr. GRPO's `advantage_std = "none"`: an argument of `grpo_loss.group_advantages`;
+- DAPO's masks (`mask_truncated`, `skip_zero_variance_groups`) and dynamic sampling (`dynamic_sampling`);
+- the loss's own options (`loss`, passed to `grpo_loss.grpo_loss`): μ updates per rollout with the clip (PPO),
+  clip-higher and token-mean (DAPO), the constant normaliser (Dr. GRPO), one ratio per sequence (GSPO) and the
+  sampler's importance cap (truncated importance sampling).
+
+Adding an advantage rule is one function with `canoe_advantages`'s signature and one line in ADVANTAGE_RULES; the
+config's `reward_aggregation` then names it (tests/test_train.py trains with the README's example).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from grpo_loss import group_advantages, zero_variance_groups
+from plumbing.runtime import all_reduce_values
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Advantage rules: (scores (N, R), weights (R,), G, eps, std) -> advantages (N,)
+
+
+def canoe_advantages(scores: Tensor, weights: Tensor, group_size: int, eps: float, std: str) -> Tensor:
+    """CANOE's rule: the group-relative advantages of the weighted sum of the rewards (grpo_loss.py's equations)."""
+    return group_advantages(scores @ weights.to(scores), group_size, eps=eps, std=std)  # (N,)
+
+
+def decoupled_advantages(scores: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4,
+                         std: str = "unbiased") -> Tensor:
+    """GDPO's decoupled normalisation: each reward is normalised inside its group first, then weighted and summed.
+
+        A_{i,k} = group_advantages(r_{·,k})_i              one advantage per reward k (0 where r_k is constant)
+        S_i     = Σ_k w_k A_{i,k}
+        A_i     = (S_i - mean(S)) / (std(S) + eps)         over the N sequences of the batch (0 if S is constant)
+
+    With the plain weighted sum, a reward that rarely varies, such as accuracy early in training, is a small share
+    of the sum's spread and drowns in the other rewards' noise; normalised first, a group with one correct answer
+    gives it an accuracy advantage of the same size whatever the other rewards do (GDPO, NVlabs; TRL's
+    `multi_objective_aggregation = "normalize_then_sum"`). `std` is group_advantages' flavour, also used for the
+    batch-wide rescaling.
+
+    >>> decoupled_advantages(torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0]]),
+    ...                      torch.tensor([1.0, 1.0]), group_size=2, eps=0.0, std="biased")
+    tensor([ 1., -1.,  1., -1.])
+    """
+    if scores.dim() != 2 or weights.shape != scores.shape[1:]:
+        raise ValueError(f"scores must be (N, R) and weights (R,), got {tuple(scores.shape)} and "
+                         f"{tuple(weights.shape)}")
+    values = scores.to(torch.float32)
+    each = torch.stack([group_advantages(values[:, k], group_size, eps, std) for k in range(values.shape[1])],
+                       dim=1)  # (N, R)
+    summed = each @ weights.to(each)  # (N,)
+    if bool(summed.amax() == summed.amin()):
+        return torch.zeros_like(summed)
+    spread = summed.std(correction=1 if std == "unbiased" else 0) if std != "none" else summed.new_tensor(1.0)
+    return (summed - summed.mean()) / (spread + eps)  # (N,)
+
+
+ADVANTAGE_RULES: dict[str, Callable[..., Tensor]] = {
+    "sum_then_normalize": canoe_advantages,  # CANOE
+    "normalize_then_sum": decoupled_advantages,  # GDPO
+}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# DAPO's masks: which sequences enter the loss
+
+
+def trained_sequences(flat: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,
+                      skip_zero_variance_groups: bool = False) -> Tensor:
+    """`(N,)` bool: which sequences enter the loss. Both options come from DAPO (Yu et al. 2025, arXiv 2503.14476):
+
+    - `mask_truncated`: a completion cut off by the token limit (`truncated`, `(N,)` bool) has no end, so its
+      reward judges an unfinished text; it gets no loss ("overlong filtering").
+    - `skip_zero_variance_groups`: a group whose advantages are all equal (`flat`, `(B,)` bool) gives only the KL
+      term something to train on; all G of its sequences leave the loss (dynamic sampling also redraws them).
+
+    The caller zeroes the mask rows of dropped sequences and counts only the kept ones in the loss denominators,
+    so that the kept ones weigh as if the batch were theirs.
+
+    >>> trained_sequences(torch.tensor([True, False]), 2, torch.tensor([False, False, True, False]),
+    ...                   mask_truncated=True, skip_zero_variance_groups=True)
+    tensor([False, False, False,  True])
+    """
+    if flat.dim() != 1 or truncated.shape != (len(flat) * group_size,):
+        raise ValueError(f"flat must be (B,) and truncated (B·G,) with G = {group_size}, got {tuple(flat.shape)} "
+                         f"and {tuple(truncated.shape)}")
+    kept = torch.ones(truncated.shape, dtype=torch.bool, device=truncated.device)  # (N,)
+    if mask_truncated:
+        kept &= ~truncated.bool()
+    if skip_zero_variance_groups:
+        kept &= ~flat.bool().repeat_interleave(group_size)  # (N,)
+    return kept
+
+
+# --------------------------------------------------------------------------------------------------------------
+# DAPO's dynamic sampling: groups that teach nothing are replaced by groups of newly drawn prompts
+
+
+def refills(flat: Tensor, varied: Tensor) -> list[tuple[int, int]]:
+    """(slot, source) pairs: the i-th flat group of the batch (`flat`, (B,) bool) is replaced by the i-th varied
+    group of a new draw (`varied`, (B,) bool), as far as the varied groups go.
+
+    >>> refills(torch.tensor([True, False, True]), torch.tensor([False, True, True]))
+    [(0, 1), (2, 2)]
+    """
+    return list(zip(flat.nonzero().flatten().tolist(), varied.nonzero().flatten().tolist()))
+
+
+def dynamic_sampling(rollout: Callable, draws: int, flat: Callable[[Tensor], Tensor]) -> Callable:
+    """`rollout(run, draw)` → a batch (rollout.Rollout) wrapped so that, while some rank holds a group whose
+    advantages are all equal (`flat(scores)`, (B,) bool) and fewer than `draws` extra draws were made, every rank
+    draws its next B prompts, samples and scores them, and each flat group is replaced, in order, by a new group
+    that is not flat (`refills`). Groups still flat after `draws` draws stay. The ranks draw together, so their
+    samplers stay in step (and a checkpoint resumes them). Logs `rollout/extra_draws`, `rollout/replaced_groups`.
+    """
+
+    def sample(run, draw: int = 0):
+        batch = rollout(run, draw)
+        extra = replaced = 0
+        for draw in range(1, draws + 1):
+            holes = flat(batch.scores)  # (B,)
+            (anyone,) = all_reduce_values([float(holes.any())], op=dist.ReduceOp.MAX)
+            if not anyone:
+                break
+            extra += 1
+            fresh = rollout(run, draw)
+            pairs = refills(holes, ~flat(fresh.scores))
+            batch = batch.refilled(fresh, pairs)
+            replaced += len(pairs)
+        return dataclasses.replace(batch, metrics={"rollout/extra_draws": extra, "rollout/replaced_groups": replaced})
+
+    return sample
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The door
+
+
+@dataclass(frozen=True)
+class Variants:
+    """The variants a config turns on, resolved once; CANOE's step asks it for its advantages, the sequences it
+    trains on, the loss's options, the passes per rollout and the rollout itself."""
+
+    advantage_rule: Callable[..., Tensor]
+    advantage_eps: float
+    advantage_std: str
+    mask_truncated: bool
+    skip_zero_variance_groups: bool
+    num_iterations: int  # μ
+    loss: dict  # grpo_loss.grpo_loss's keyword options
+    dynamic_sampling_draws: int
+
+    @classmethod
+    def create(cls, cfg) -> Variants:
+        loss = {"clip_eps_low": cfg.clip_eps_low, "clip_eps_high": cfg.clip_eps_high, "beta": cfg.beta,
+                "aggregation": cfg.aggregation, "ratio_level": cfg.ratio_level,
+                "importance_cap": cfg.importance_cap, "max_completion_tokens": cfg.max_completion_tokens}
+        return cls(ADVANTAGE_RULES[cfg.advantage_rule], cfg.advantage_eps, cfg.advantage_std, cfg.mask_truncated,
+                   cfg.skip_zero_variance_groups, cfg.num_iterations, loss, cfg.dynamic_sampling_draws)
+
+    def advantages(self, scores: Tensor, weights: Tensor, group_size: int) -> Tensor:
+        """`(N,)` advantages of the per-reward scores `(N, R)` under the configured rule."""
+        return self.advantage_rule(scores, weights, group_size, self.advantage_eps, self.advantage_std)
+
+    def flat(self, scores: Tensor, weights: Tensor, group_size: int) -> Tensor:
+        """`(B,)` bool: the groups whose advantages are all equal, which teach nothing but the KL."""
+        return zero_variance_groups(self.advantages(scores, weights, group_size), group_size)
+
+    def trained(self, advantages: Tensor, completions: list, group_size: int) -> Tensor:
+        """`(N,)` bool: the sequences that enter the loss (all of them unless a DAPO mask is on)."""
+        truncated = torch.tensor([c.finish_reason == "length" for c in completions])  # (N,)
+        return trained_sequences(zero_variance_groups(advantages, group_size), group_size, truncated,
+                                 mask_truncated=self.mask_truncated,
+                                 skip_zero_variance_groups=self.skip_zero_variance_groups)
+
+    def rollout(self, rollout: Callable, weights: Tensor, group_size: int) -> Callable:
+        """`rollout` itself, or wrapped in dynamic sampling when `dynamic_sampling_draws` > 0."""
+        if not self.dynamic_sampling_draws:
+            return rollout
+        return dynamic_sampling(rollout, self.dynamic_sampling_draws, lambda s: self.flat(s, weights, group_size))
