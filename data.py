@@ -49,13 +49,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grading.tags import answer_span  # noqa: F401  (re-exported: the evaluation reads answers as data.answer_span)
+from grading.tags import answer_span, tag_content  # answer_span: re-exported, read as data.answer_span
 
 # --------------------------------------------------------------------------------------------------------------
 # 1. Loading
 # --------------------------------------------------------------------------------------------------------------
 
-CONTEXT_RE = re.compile(r"<context>(.*?)</context>", re.DOTALL)
 REQUIRED_FIELDS = ("problem", "solution")
 _MAX_LISTED = 20  # error messages list at most this many bad lines/rows, then a count
 
@@ -66,10 +65,10 @@ class DataError(ValueError):
 
 def _problem_reason(problem: str) -> str | None:
     """Why `problem` cannot be used (no context block, empty context), or None if it can."""
-    match = CONTEXT_RE.search(problem)
-    if match is None:
+    context = tag_content(problem, "context")
+    if context is None:
         return "'problem' has no <context>...</context> block"
-    if not match.group(1).strip():
+    if not context:
         # The length reward needs a non-empty context, and a faithfulness item without one teaches nothing.
         return "'problem' has an empty <context></context> block"
     return None

@@ -21,7 +21,6 @@ from plumbing import runtime  # noqa: I001  (first: it sets the thread count and
 
 import hashlib
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,9 +29,7 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
 from plumbing import weight_sync
-from grading.tags import tag_content
-
-CONTEXT_BLOCK = re.compile(r"<context>.*?</context>", re.DOTALL)
+from grading.tags import replace_content, tag_content
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -52,7 +49,8 @@ def extract_long_answer(text: str | None) -> str | None:
 
 
 def substitute_context(problem: str | None, long_answer: str) -> str | None:
-    """Replace the first `<context>…</context>` block of `problem` with `<context>{long_answer}</context>`.
+    """Replace the content of the first `<context>…</context>` block of `problem` with `long_answer`
+    (`tags.replace_content`, the block data.py checked).
 
     The long answer is inserted literally: no regex escapes and no backreference expansion. None when the
     problem has no context block.
@@ -61,12 +59,7 @@ def substitute_context(problem: str | None, long_answer: str) -> str | None:
     >>> substitute_context("<context>old</context>\\n\\nQ?", r"a.b \\1 c")
     '<context>a.b \\\\1 c</context>\\n\\nQ?'
     """
-    if not isinstance(problem, str):
-        return None
-    match = CONTEXT_BLOCK.search(problem)
-    if match is None:
-        return None
-    return problem[: match.start()] + f"<context>{long_answer}</context>" + problem[match.end() :]
+    return replace_content(problem, "context", long_answer) if isinstance(problem, str) else None
 
 
 # --------------------------------------------------------------------------------------------------------------

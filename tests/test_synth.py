@@ -18,7 +18,7 @@ import data
 from synthetic import facts
 from synthetic import synth
 from config import load_config
-from grading.tags import answer_span
+from grading.tags import answer_span, tag_content
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def default_data():
 
 
 def context_of(row: dict) -> str:
-    return data.CONTEXT_RE.search(row["problem"]).group(1)
+    return tag_content(row["problem"], "context")
 
 
 def named(text: str, name: str) -> bool:
