@@ -219,9 +219,6 @@ def load_config(path: str | Path) -> Config:
     fields = {f.name: f for f in dataclasses.fields(Config)}
     values = {}
     for key, value in raw.items():
-        if key in ("reward_funcs", "reward_weights"):
-            raise ConfigError(f"{path}: {key!r} was replaced by a [rewards] table that names each reward with its "
-                              f"weight; write instead:\n{_rewards_table(raw)}")
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=2, cutoff=0.75)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -248,13 +245,6 @@ def _read_toml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(base, str):
         raise ConfigError(f"{path}: 'base' must be a path (a string), got {base!r}")
     return _read_toml(path.parent / base, (*seen, path.resolve())) | raw
-
-
-def _rewards_table(raw: dict[str, Any]) -> str:
-    """The [rewards] table equivalent to the old parallel lists reward_funcs / reward_weights."""
-    names = raw.get("reward_funcs", list(CANOE_REWARDS))
-    weights = raw.get("reward_weights", [1.0] * len(names))
-    return "\n".join(["[rewards]", *(f"{name} = {float(weight)}" for name, weight in zip(names, weights))])
 
 
 def _checked(path: Path, key: str, value: Any, annotation: str) -> Any:

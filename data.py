@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import re
 import string
@@ -467,21 +466,18 @@ class PromptSampler:
     Every epoch is a permutation of range(num_rows) drawn from (seed, epoch) alone, so every rank computes the
     same order without communicating. A global batch is the next `batch_size * world_size` rows of that order;
     rank r takes the r-th slice of `batch_size`, so the ranks' batches are disjoint and together cover the global
-    batch. With drop_last=True the rows left over at the end of an epoch (fewer than a global batch) are skipped
-    for that epoch (the next permutation differs, so no row is skipped every time). With drop_last=False the last
-    global batch is filled up with rows from the start of the same epoch's order, so every rank still gets
-    `batch_size` rows (ranks must take the same number of steps).
+    batch. The rows left over at the end of an epoch (fewer than a global batch) are skipped for that epoch (the
+    next permutation differs, so no row is skipped every time).
 
     `position` counts the global batches already taken in the current epoch; `state_dict()` saves
     (epoch, position) and `load_state_dict()` restores it, so a resumed run continues with exactly the batches
-    the interrupted one had not taken. The state also holds num_rows, seed, global batch size and drop_last, and
-    loading refuses a state from a different setup. It may be loaded with a different world_size as long as
+    the interrupted one had not taken. The state also holds num_rows, seed and global batch size, and loading
+    refuses a state from a different setup. It may be loaded with a different world_size as long as
     the global batch size is the same.
     """
 
     def __init__(
-        self, num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, drop_last: bool = True
-    ) -> None:
+        self, num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
         if num_rows < 1 or batch_size < 1 or world_size < 1:
             raise ValueError(f"need num_rows, batch_size, world_size >= 1; got {num_rows}, {batch_size}, {world_size}")
         if not 0 <= rank < world_size:
@@ -491,17 +487,11 @@ class PromptSampler:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        self.drop_last = drop_last
         self.global_batch_size = batch_size * world_size
-        if drop_last:
-            self.steps_per_epoch = num_rows // self.global_batch_size
-            if self.steps_per_epoch == 0:
-                raise ValueError(
-                    f"{num_rows} rows cannot fill one global batch of {self.global_batch_size} "
-                    f"(batch_size {batch_size} x world_size {world_size}) with drop_last=True"
-                )
-        else:
-            self.steps_per_epoch = math.ceil(num_rows / self.global_batch_size)
+        self.steps_per_epoch = num_rows // self.global_batch_size
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"{num_rows} rows cannot fill one global batch of {self.global_batch_size} "
+                             f"(batch_size {batch_size} x world_size {world_size})")
         self.epoch = 0
         self.position = 0
         self._order_epoch = -1
@@ -522,8 +512,7 @@ class PromptSampler:
         if self._order_epoch != self.epoch:
             self._order, self._order_epoch = self.epoch_order(self.epoch), self.epoch
         start = self.position * self.global_batch_size + self.rank * self.batch_size
-        # The modulo only wraps in the last, padded batch of a drop_last=False epoch.
-        batch = [self._order[(start + i) % self.num_rows] for i in range(self.batch_size)]
+        batch = self._order[start : start + self.batch_size]
         self.position += 1
         return batch
 
@@ -540,12 +529,13 @@ class PromptSampler:
             "num_rows": self.num_rows,
             "seed": self.seed,
             "global_batch_size": self.global_batch_size,
-            "drop_last": self.drop_last,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a saved state (not modified); refuse one saved with a different data or batch setup."""
-        for key in ("num_rows", "seed", "global_batch_size", "drop_last"):
+        """Continue from a saved state (not modified); refuse one saved with a different data or batch setup.
+
+        A state saved before the sampler lost its `drop_last` option holds `drop_last: true`, which is ignored."""
+        for key in ("num_rows", "seed", "global_batch_size"):
             if state[key] != getattr(self, key):
                 raise ValueError(f"sampler state has {key}={state[key]!r}, this sampler has {getattr(self, key)!r}")
         if not 0 <= state["position"] <= self.steps_per_epoch or state["epoch"] < 0:

@@ -70,9 +70,6 @@ def test_defaults_are_the_papers():
         ('[rewards]\naccuracy = "1"\n', "the weight of ['accuracy'] must be a number"),
         ("[rewards]\naccuracy = true\n", "the weight of ['accuracy'] must be a number"),
         ("rewards = 1.0\n", "key 'rewards' must be dict, got float"),
-        ('reward_funcs = ["accuracy", "format"]\nreward_weights = [1.0, 0.5]\n',
-         "'reward_funcs' was replaced by a [rewards] table that names each reward with its weight; write instead:\n"
-         "[rewards]\naccuracy = 1.0\nformat = 0.5"),
         ("num_iterations = 0\n", "num_iterations = 0: must be at least 1"),
         ("importance_cap = -1.0\n", "importance_cap = -1.0: must not be negative"),
         ('ratio_level = "group"\n', "ratio_level = 'group': must be one of ('token', 'sequence')"),

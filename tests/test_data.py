@@ -351,21 +351,12 @@ def test_sampler_iterates():
 
 def test_sampler_ranks_are_disjoint_and_cover_each_global_batch():
     ranks = [data.PromptSampler(14, 3, seed=1, rank=r, world_size=2) for r in range(2)]
-    assert ranks[0].steps_per_epoch == 2  # 14 // 6; two rows skipped per epoch with drop_last
+    assert ranks[0].steps_per_epoch == 2  # 14 // 6; two rows skipped per epoch
     for _ in range(5):  # across epoch boundaries
         batch0, batch1 = ranks[0].next_batch(), ranks[1].next_batch()
         assert len(batch0) == len(batch1) == 3 and not set(batch0) & set(batch1)
         step, order = ranks[0].position - 1, ranks[0].epoch_order(ranks[0].epoch)
         assert batch0 + batch1 == order[step * 6 : (step + 1) * 6]  # together: exactly this global batch
-
-
-def test_sampler_without_drop_last_pads_the_last_batch_from_the_epoch_start():
-    ranks = [data.PromptSampler(7, 2, seed=3, rank=r, world_size=2, drop_last=False) for r in range(2)]
-    assert ranks[0].steps_per_epoch == 2
-    order = ranks[0].epoch_order(0)
-    seen = [ranks[r].next_batch() for _ in range(2) for r in range(2)]
-    assert all(len(b) == 2 for b in seen)
-    assert sum(seen, []) == order + order[:1]  # 7 rows, then the first one again to fill the batch
 
 
 @pytest.mark.parametrize("taken", [0, 1, 3, 4, 5, 9])
@@ -400,11 +391,12 @@ def test_sampler_rejects_bad_arguments_and_foreign_state():
     with pytest.raises(ValueError):
         data.PromptSampler(10, 0, seed=0)
     sampler = data.PromptSampler(10, 2, seed=0)
-    for key, value in [("num_rows", 11), ("seed", 1), ("global_batch_size", 4), ("drop_last", False)]:
+    for key, value in [("num_rows", 11), ("seed", 1), ("global_batch_size", 4)]:
         with pytest.raises(ValueError, match=key):
             sampler.load_state_dict({**sampler.state_dict(), key: value})
     with pytest.raises(ValueError, match="out of range"):
         sampler.load_state_dict({**sampler.state_dict(), "position": 6})
+    sampler.load_state_dict({**sampler.state_dict(), "drop_last": True})  # as checkpoints before the option went
 
 
 # ---------------------------------------------------------------------------------------------------------------
