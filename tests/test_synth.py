@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import data
+from evaluation import loaders
 from synthetic import facts
 from synthetic import synth
 from config import load_config
@@ -340,7 +341,7 @@ def test_synth_rejects_bad_sizes():
 
 
 def test_synth_output_passes_the_data_check(generated, capsys):
-    assert data.main(["check", str(generated["out"] / "eval.jsonl")]) == 0
+    assert loaders.main(["check", str(generated["out"] / "eval.jsonl")]) == 0
     assert "60 rows (straightforward 15, multi_hop 15, inconsistent 15, counterfactual 15)" in capsys.readouterr().out
 
 
