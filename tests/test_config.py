@@ -30,9 +30,10 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_shipped_configs_load():
-    for path in [ROOT / "config.toml", *sorted((ROOT / "recipes").glob("*.toml"))]:
-        cfg = load_config(path)
-        assert cfg.num_generations >= 2, path
+    paths = [ROOT / "config.toml", *sorted((ROOT / "recipes").glob("*.toml"))]
+    assert len(paths) > 1  # the recipes were found: an empty glob would pass on config.toml alone
+    for path in paths:
+        load_config(path)  # raises ConfigError naming the file and the key
 
 
 def test_the_plain_prompt_baseline_is_the_default_prompted_plainly():

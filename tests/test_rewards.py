@@ -113,7 +113,7 @@ def test_r1_case_slow(case, math_grader):
         (tagged(""), "<answer></answer>", 1.0),  # identical (empty) spans
     ],
 )
-def test_accuracy_extra(completion, solution, expected, math_grader):
+def test_accuracy_compares_the_first_answer_spans_as_strings_or_math(completion, solution, expected, math_grader):
     assert accuracy_reward([chat(completion)], [solution], grader=math_grader) == [expected]
 
 
