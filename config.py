@@ -137,7 +137,8 @@ class Config:
     sample_every: int = _key(10, "write prompts and completions to samples.jsonl every N steps (0 = never)")
     save_every: int = _key(50, "checkpoint every N steps (the last step is always saved; 0 = only the last)")
     keep_checkpoints: int = _key(2, "how many checkpoints to keep")
-    max_bad_steps: int = _key(3, "stop after this many steps in a row with a non-finite loss")
+    max_bad_steps: int = _key(3, "stop after this many bad steps in a row: a non-finite loss, or an update DeepSpeed "
+                              "skipped for non-finite gradients")
     dist_timeout_minutes: float = _key(60.0, "how long a collective may wait for the other ranks, e.g. while rank 0 "
                                        "writes a checkpoint's policy/ (DeepSpeed's default: 10)")
     tensorboard: bool = _key(False, "also log to TensorBoard (OUTPUT_DIR/tensorboard)")
@@ -161,10 +162,8 @@ class Config:
         """Whether vLLM gets the LoRA adapter itself (lora.AdapterPush) rather than merged weights.
 
         `lora_push`, where "auto" means on a GPU outside float32: in bfloat16 a merged update below half a step of W
-        is lost. On the CPU vLLM applies an adapter with its reference torch kernels, which gather a copy of the
-        adapter's matrices for every token (vllm/lora/ops/torch_ops/lora_ops.py, `bgmv_expand`: `lora_b_weights[
-        lora_indices_tensor]`), and sampling with it took 1.6-1.9x as long as with merged weights, far more than a
-        merged push costs (bench/RESULTS.md, "The adapter push on the CPU"): there "auto" merges, and
+        is lost. On the CPU vLLM's adapter kernels copy the adapter's matrices for every token, which costs far more
+        than a merged push (docs/library-notes.md, "An adapter on vLLM's CPU path"): there "auto" merges, and
         `sync/lora_delta_*` say how much of the update arrives (lora.MergedPush).
         """
         if not self.lora_rank:
@@ -216,9 +215,6 @@ def load_config(path: str | Path) -> Config:
     fields = {f.name: f for f in dataclasses.fields(Config)}
     values = {}
     for key, value in raw.items():
-        if key in ("reward_funcs", "reward_weights"):
-            raise ConfigError(f"{path}: {key!r} was replaced by a [rewards] table that names each reward with its "
-                              f"weight; write instead:\n{_rewards_table(raw)}")
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=2, cutoff=0.75)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -245,13 +241,6 @@ def _read_toml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(base, str):
         raise ConfigError(f"{path}: 'base' must be a path (a string), got {base!r}")
     return _read_toml(path.parent / base, (*seen, path.resolve())) | raw
-
-
-def _rewards_table(raw: dict[str, Any]) -> str:
-    """The [rewards] table equivalent to the old parallel lists reward_funcs / reward_weights."""
-    names = raw.get("reward_funcs", list(CANOE_REWARDS))
-    weights = raw.get("reward_weights", [1.0] * len(names))
-    return "\n".join(["[rewards]", *(f"{name} = {float(weight)}" for name, weight in zip(names, weights))])
 
 
 def _checked(path: Path, key: str, value: Any, annotation: str) -> Any:

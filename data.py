@@ -9,10 +9,10 @@ What lives here (docs/DESIGN.md, "Data"), in reading order:
    `solution` missing or not a string, no `<context>…</context>` block in `problem`, or an empty one. Blank
    lines are allowed only at the end of the file (so row i is always line i + 1, which is how
    `prepare_prompts` names dropped rows); a blank line before a record is an error. A file with no records
-   is an error. Nothing is skipped silently. `load_confiqa` maps a ConFiQA-style JSON list onto the same
-   shape; `load_records` reads parquet files and folders saved by the `datasets` library; `load_dataset` picks
-   the loader from the file extension and checks every row. CANOE's own training file loads as it is (its
-   `message` column is kept like any extra field). `task_counts` summarises the `task` field.
+   is an error. Nothing is skipped silently. `load_records` reads parquet files and folders saved by the
+   `datasets` library; `load_dataset` picks the loader from the file extension and checks every row. CANOE's own
+   training file loads as it is (its `message` column is kept like any extra field). `task_counts` summarises
+   the `task` field. Evaluation sets in other shapes (ConFiQA's JSON lists) are evaluation/loaders.py's.
 2. **Prompts.** `SYSTEM_PROMPT` says what the original CANOE code's system prompt says: the passage comes in
    `<context>` tags, the instruction after two newlines, and the answer in three sections, each on its own line as
    `- Name: <tag>what goes there</tag>`. Differs from CANOE (docs/differences.md, D9): no period after `</answer>`,
@@ -27,20 +27,15 @@ What lives here (docs/DESIGN.md, "Data"), in reading order:
    suites.py are listed in its docstring).
 
 The synthetic training data in the CANOE paper's four task types is made by `python -m synthetic.synth` (synthetic/synth.py).
-
-Run:
-    python data.py check data/synth/train.jsonl [--tokenizer models/SmolLM2-135M-Instruct] [--max-prompt-tokens 256]
+`python -m evaluation.loaders check FILE [--tokenizer DIR]` checks a data file and reports its prompt lengths.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import random
 import re
 import string
-import sys
 import unicodedata
 import warnings
 from collections import Counter
@@ -49,13 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grading.tags import answer_span  # noqa: F401  (re-exported: the evaluation reads answers as data.answer_span)
+from grading.tags import answer_span, tag_content  # answer_span: re-exported, read as data.answer_span
 
 # --------------------------------------------------------------------------------------------------------------
 # 1. Loading
 # --------------------------------------------------------------------------------------------------------------
 
-CONTEXT_RE = re.compile(r"<context>(.*?)</context>", re.DOTALL)
 REQUIRED_FIELDS = ("problem", "solution")
 _MAX_LISTED = 20  # error messages list at most this many bad lines/rows, then a count
 
@@ -64,12 +58,12 @@ class DataError(ValueError):
     """A data file or row that cannot be used; the message names the file, the line and the reason."""
 
 
-def _problem_reason(problem: str) -> str | None:
+def problem_reason(problem: str) -> str | None:
     """Why `problem` cannot be used (no context block, empty context), or None if it can."""
-    match = CONTEXT_RE.search(problem)
-    if match is None:
+    context = tag_content(problem, "context")
+    if context is None:
         return "'problem' has no <context>...</context> block"
-    if not match.group(1).strip():
+    if not context:
         # The length reward needs a non-empty context, and a faithfulness item without one teaches nothing.
         return "'problem' has an empty <context></context> block"
     return None
@@ -84,10 +78,10 @@ def _record_reason(record: Any) -> str | None:
             return f"missing field '{name}'"
         if not isinstance(record[name], str):
             return f"field '{name}' must be a string, got {type(record[name]).__name__}"
-    return _problem_reason(record["problem"])
+    return problem_reason(record["problem"])
 
 
-def _raise_collected(path: Path, errors: list[str], what: str) -> None:
+def raise_collected(path: Path, errors: list[str], what: str) -> None:
     """Raise one DataError listing every collected error (the first _MAX_LISTED, then a count)."""
     if not errors:
         return
@@ -143,78 +137,7 @@ def load_jsonl(path: str | Path) -> list[dict]:
             errors.append(f"{where}: {reason}")
             continue
         records.append(record)
-    _raise_collected(path, errors, "line(s)")
-    return records
-
-
-# ConFiQA-style files are one JSON list of objects, each with a question, a context and an answer. Which context
-# and answer fields are used is the "variant": the counterfactual pair (the ConFiQA task), the original pair,
-# or plain names. With variant=None the first variant whose two fields are in the first object is used, and then
-# every object must have them.
-CONFIQA_VARIANTS: dict[str, tuple[str, str]] = {
-    "counterfactual": ("cf_context", "cf_answer"),
-    "original": ("orig_context", "orig_answer"),
-    "plain": ("context", "answer"),
-}
-CONFIQA_QUESTION = "question"
-
-
-def load_confiqa(path: str | Path, variant: str | None = None) -> list[dict]:
-    """Load a JSON list of ConFiQA-style objects as {problem, solution, ...} records.
-
-    problem = "<context>{context}</context>\\n\\n{question}", solution = "<answer>{answer}</answer>", with the
-    context/answer fields given by `variant` (see CONFIQA_VARIANTS). The question, context and answer fields are
-    consumed; every other field (e.g. the other variant's answer, alias lists) is kept. Errors name the item
-    index (0-based).
-    """
-    if variant is not None and variant not in CONFIQA_VARIANTS:
-        raise ValueError(f"unknown ConFiQA variant {variant!r}; choose from {sorted(CONFIQA_VARIANTS)}")
-    path, raw = _read_bytes(path)
-    try:
-        items = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not valid UTF-8") from None
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
-    if not isinstance(items, list):
-        raise DataError(f"{path}: expected a JSON list of objects, got {type(items).__name__}")
-    if not items:
-        raise DataError(f"{path}: no records (the list is empty)")
-    if variant is None:
-        first = items[0] if isinstance(items[0], dict) else {}
-        variant = next((name for name, fields in CONFIQA_VARIANTS.items() if all(f in first for f in fields)), None)
-        if variant is None:
-            options = ", ".join(f"{name}: {c}/{a}" for name, (c, a) in CONFIQA_VARIANTS.items())
-            raise DataError(f"{path}: item 0 has none of the known context/answer field pairs ({options})")
-    context_field, answer_field = CONFIQA_VARIANTS[variant]
-    records: list[dict] = []
-    errors: list[str] = []
-    for index, item in enumerate(items):
-        where = f"{path}: item {index}"
-        if not isinstance(item, dict):
-            errors.append(f"{where}: expected a JSON object, got {type(item).__name__}")
-            continue
-        bad = [f for f in (CONFIQA_QUESTION, context_field, answer_field) if not isinstance(item.get(f), str)]
-        if bad:
-            errors.append(f"{where}: field(s) {', '.join(repr(f) for f in bad)} missing or not a string")
-            continue
-        context = item[context_field]
-        if "<context>" in context or "</context>" in context:
-            # A tag inside the context would end the block early and cut the passage.
-            errors.append(f"{where}: '{context_field}' contains a <context> tag")
-            continue
-        taken = {f for f in REQUIRED_FIELDS if f in item}
-        if taken:
-            errors.append(f"{where}: already has field(s) {sorted(taken)}, which the mapping would overwrite")
-            continue
-        problem = f"<context>{context}</context>\n\n{item[CONFIQA_QUESTION]}"
-        reason = _problem_reason(problem)
-        if reason is not None:
-            errors.append(f"{where}: {reason} (from '{context_field}')")
-            continue
-        rest = {k: v for k, v in item.items() if k not in (CONFIQA_QUESTION, context_field, answer_field)}
-        records.append({"problem": problem, "solution": f"<answer>{item[answer_field]}</answer>", **rest})
-    _raise_collected(path, errors, "item(s)")
+    raise_collected(path, errors, "line(s)")
     return records
 
 
@@ -265,17 +188,31 @@ def _checked_rows(path: Path, rows: list, what: str) -> list[dict]:
         reason = _record_reason(row)
         if reason is not None:
             errors.append(f"{path}: {what} {index}: {reason}")
-    _raise_collected(path, errors, f"{what}(s)")
+    raise_collected(path, errors, f"{what}(s)")
     if not rows:
         raise DataError(f"{path}: no records")
     return rows
 
 
-def load_dataset(path: str | Path, confiqa_variant: str | None = None) -> list[dict]:
-    """Training or evaluation rows ({problem, solution, ...}) from any of the formats a user may have:
+def read_json_list(path: str | Path) -> list:
+    """The JSON list a `.json` file holds; DataError naming the file if it is not UTF-8, not JSON or not a list."""
+    path, raw = _read_bytes(path)
+    try:
+        items = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not valid UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(items, list):
+        raise DataError(f"{path}: expected a JSON list of objects, got {type(items).__name__}")
+    return items
+
+
+def load_dataset(path: str | Path) -> list[dict]:
+    """Training rows ({problem, solution, ...}) from any of the formats a user may have:
 
     - `.jsonl`: `load_jsonl` (errors name the line);
-    - `.json`: a list of {problem, solution, ...} records, or a ConFiQA-style list (`load_confiqa`);
+    - `.json`: a list of {problem, solution, ...} records (`read_json_list`, then every item is checked);
     - `.parquet`, or a folder saved by the `datasets` library: `load_records`, then every row is checked.
 
     CANOE's own training file (`final_10k.jsonl`) loads as it is: besides `problem` and `solution` its rows
@@ -289,14 +226,7 @@ def load_dataset(path: str | Path, confiqa_variant: str | None = None) -> list[d
     if suffix == ".jsonl":
         return load_jsonl(path)
     if suffix == ".json":
-        _, raw = _read_bytes(path)
-        try:
-            first = next(iter(json.loads(raw.decode("utf-8"))), None)
-        except (UnicodeDecodeError, json.JSONDecodeError, TypeError):
-            first = None  # load_confiqa names the problem
-        if isinstance(first, dict) and all(name in first for name in REQUIRED_FIELDS):
-            return _checked_rows(path, json.loads(raw.decode("utf-8")), "item")
-        return load_confiqa(path, confiqa_variant)
+        return _checked_rows(path, read_json_list(path), "item")
     if suffix == ".parquet" or path.is_dir():
         return _checked_rows(path, load_records(path), "row")
     raise DataError(f"{path}: unknown data file type {suffix!r} (expected .jsonl, .json, .parquet or a folder "
@@ -304,7 +234,7 @@ def load_dataset(path: str | Path, confiqa_variant: str | None = None) -> list[d
 
 
 # The CANOE paper's four task types: the `task` field of the synthetic data (synth.py), reported per type by the
-# `check` command and by the evaluation.
+# `check` command (evaluation/loaders.py) and by the evaluation.
 TASKS = ("straightforward", "multi_hop", "inconsistent", "counterfactual")
 
 
@@ -468,21 +398,18 @@ class PromptSampler:
     Every epoch is a permutation of range(num_rows) drawn from (seed, epoch) alone, so every rank computes the
     same order without communicating. A global batch is the next `batch_size * world_size` rows of that order;
     rank r takes the r-th slice of `batch_size`, so the ranks' batches are disjoint and together cover the global
-    batch. With drop_last=True the rows left over at the end of an epoch (fewer than a global batch) are skipped
-    for that epoch (the next permutation differs, so no row is skipped every time). With drop_last=False the last
-    global batch is filled up with rows from the start of the same epoch's order, so every rank still gets
-    `batch_size` rows (ranks must take the same number of steps).
+    batch. The rows left over at the end of an epoch (fewer than a global batch) are skipped for that epoch (the
+    next permutation differs, so no row is skipped every time).
 
     `position` counts the global batches already taken in the current epoch; `state_dict()` saves
     (epoch, position) and `load_state_dict()` restores it, so a resumed run continues with exactly the batches
-    the interrupted one had not taken. The state also holds num_rows, seed, global batch size and drop_last, and
-    loading refuses a state from a different setup. It may be loaded with a different world_size as long as
+    the interrupted one had not taken. The state also holds num_rows, seed and global batch size, and loading
+    refuses a state from a different setup. It may be loaded with a different world_size as long as
     the global batch size is the same.
     """
 
     def __init__(
-        self, num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, drop_last: bool = True
-    ) -> None:
+        self, num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
         if num_rows < 1 or batch_size < 1 or world_size < 1:
             raise ValueError(f"need num_rows, batch_size, world_size >= 1; got {num_rows}, {batch_size}, {world_size}")
         if not 0 <= rank < world_size:
@@ -492,17 +419,11 @@ class PromptSampler:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        self.drop_last = drop_last
         self.global_batch_size = batch_size * world_size
-        if drop_last:
-            self.steps_per_epoch = num_rows // self.global_batch_size
-            if self.steps_per_epoch == 0:
-                raise ValueError(
-                    f"{num_rows} rows cannot fill one global batch of {self.global_batch_size} "
-                    f"(batch_size {batch_size} x world_size {world_size}) with drop_last=True"
-                )
-        else:
-            self.steps_per_epoch = math.ceil(num_rows / self.global_batch_size)
+        self.steps_per_epoch = num_rows // self.global_batch_size
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"{num_rows} rows cannot fill one global batch of {self.global_batch_size} "
+                             f"(batch_size {batch_size} x world_size {world_size})")
         self.epoch = 0
         self.position = 0
         self._order_epoch = -1
@@ -523,8 +444,7 @@ class PromptSampler:
         if self._order_epoch != self.epoch:
             self._order, self._order_epoch = self.epoch_order(self.epoch), self.epoch
         start = self.position * self.global_batch_size + self.rank * self.batch_size
-        # The modulo only wraps in the last, padded batch of a drop_last=False epoch.
-        batch = [self._order[(start + i) % self.num_rows] for i in range(self.batch_size)]
+        batch = self._order[start : start + self.batch_size]
         self.position += 1
         return batch
 
@@ -541,12 +461,13 @@ class PromptSampler:
             "num_rows": self.num_rows,
             "seed": self.seed,
             "global_batch_size": self.global_batch_size,
-            "drop_last": self.drop_last,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a saved state (not modified); refuse one saved with a different data or batch setup."""
-        for key in ("num_rows", "seed", "global_batch_size", "drop_last"):
+        """Continue from a saved state (not modified); refuse one saved with a different data or batch setup.
+
+        A state saved before the sampler lost its `drop_last` option holds `drop_last: true`, which is ignored."""
+        for key in ("num_rows", "seed", "global_batch_size"):
             if state[key] != getattr(self, key):
                 raise ValueError(f"sampler state has {key}={state[key]!r}, this sampler has {getattr(self, key)!r}")
         if not 0 <= state["position"] <= self.steps_per_epoch or state["epoch"] < 0:
@@ -634,45 +555,3 @@ def exact_match(prediction: Any, gold: str | Iterable[str], contains: bool = Fal
         if contains and any(words[i : i + n] == gold_words for i in range(len(words) - n + 1)):
             return True
     return False
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _load_tokenizer(name: str) -> Any:
-    from transformers import AutoTokenizer  # heavy; only the `check --tokenizer` command needs it
-
-    path = Path(name)
-    if path.suffix == ".gguf":
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(name)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)  # `check` (synth.py writes the synthetic data)
-    check = commands.add_parser("check", help="validate a data file; with --tokenizer, report prompt lengths")
-    check.add_argument("path", type=Path)
-    check.add_argument("--tokenizer", help="tokenizer directory or a .gguf file")
-    check.add_argument("--max-prompt-tokens", type=int, default=256)
-    check.add_argument("--confiqa-variant", choices=sorted(CONFIQA_VARIANTS))
-    args = parser.parse_args(argv)
-
-    try:
-        rows = load_dataset(args.path, args.confiqa_variant)
-        print(f"{args.path}: {len(rows)} rows ({task_counts(rows)})")
-        if args.tokenizer:
-            with warnings.catch_warnings():  # the summary printed below already lists the dropped prompts
-                warnings.simplefilter("ignore", PromptOverflowWarning)
-                _, report = prepare_prompts(_load_tokenizer(args.tokenizer), rows, args.max_prompt_tokens, "drop")
-            print(report.summary())
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,7 +21,6 @@ from plumbing import runtime  # noqa: I001  (first: it sets the thread count and
 
 import hashlib
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,9 +29,7 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
 from plumbing import weight_sync
-from grading.tags import tag_content
-
-CONTEXT_BLOCK = re.compile(r"<context>.*?</context>", re.DOTALL)
+from grading.tags import replace_content, tag_content
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -52,7 +49,8 @@ def extract_long_answer(text: str | None) -> str | None:
 
 
 def substitute_context(problem: str | None, long_answer: str) -> str | None:
-    """Replace the first `<context>…</context>` block of `problem` with `<context>{long_answer}</context>`.
+    """Replace the content of the first `<context>…</context>` block of `problem` with `long_answer`
+    (`tags.replace_content`, the block data.py checked).
 
     The long answer is inserted literally: no regex escapes and no backreference expansion. None when the
     problem has no context block.
@@ -61,12 +59,7 @@ def substitute_context(problem: str | None, long_answer: str) -> str | None:
     >>> substitute_context("<context>old</context>\\n\\nQ?", r"a.b \\1 c")
     '<context>a.b \\\\1 c</context>\\n\\nQ?'
     """
-    if not isinstance(problem, str):
-        return None
-    match = CONTEXT_BLOCK.search(problem)
-    if match is None:
-        return None
-    return problem[: match.start()] + f"<context>{long_answer}</context>" + problem[match.end() :]
+    return replace_content(problem, "context", long_answer) if isinstance(problem, str) else None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -92,26 +85,9 @@ def request_seed(*parts: int | str) -> int:
 def seeds_per_request() -> bool:
     """Whether each request carries its own seed (`SamplingParams.seed`): on CUDA, not on the CPU.
 
-    On CUDA, vLLM 0.32's default (V2) model runner draws the seed of a request that has none from numpy's global
-    generator (vllm/v1/worker/gpu/sample/states.py, `SamplingStates.add_request`: `np.random.randint(...)`),
-    which the worker seeds with the engine seed (vllm/utils/torch_utils.py, `set_random_seed`, called from
-    v1/worker/gpu_worker.py, `Worker.init_device` and `Worker.compile_or_warm_up_model`) and a data-parallel
-    index that is 0 for our engines (we start each with data parallel size 1, so vllm/config/parallel.py,
-    `ParallelConfig.__post_init__`, never sets a rank): every rank would sample the same noise, and `--resume`,
-    which saves torch's RNG, not numpy's, would not redraw the uninterrupted run's samples. A request with a seed
-    samples from that seed and the token position alone (v1/worker/gpu/sample/gumbel.py, `gumbel_sample` with the
-    per-request `seeds`; sampler.py, `Sampler.sample`, keeps seeded requests off the unseeded fused sampler), and
-    a request with n > 1 gives its i-th sample the seed + i (v1/engine/parallel_sampling.py,
-    `ParentRequest._get_child_sampling_params`). The V1 runner, which vLLM falls back to where V2 lacks a
-    feature, gives a seeded request its own CUDA generator, which works as well.
-
-    On the CPU vLLM runs the V1 runner (its Triton has no CPU backend, vllm/triton_utils/importing.py, `HAS_TRITON`,
-    so vllm/config/vllm.py, `VllmConfig.use_v2_model_runner`, chooses V1), which gives a seeded request a torch CPU
-    generator and moves it back 4 draws whenever a sampled token is discarded, as after a prefill split over two
-    scheduler steps (v1/worker/gpu_model_runner.py, `GPUModelRunner._bookkeeping_sync`:
-    `gen.set_offset(gen.get_offset() - 4)`): a CPU generator has no offset, so that raises ("CPU Generator does
-    not use offset"). There the unseeded requests sample from torch's global generator, which `_sample` seeds;
-    the CPU run's samples are unchanged.
+    On CUDA vLLM draws an unseeded request's seed from numpy's global generator, seeded alike on every rank and
+    not saved by `--resume`; on the CPU its V1 runner cannot use a seeded request's generator (it raises), so
+    there `_sample` seeds torch's generator instead. Evidence: docs/library-notes.md, "Sampling seeds".
     """
     return torch.cuda.is_available()
 
@@ -136,28 +112,21 @@ def make_engine(
 ):
     """One colocated vLLM engine for this training process (tensor parallel 1, driven by our launcher).
 
-    With sleep mode the CUDA graphs go to sleep too (`sleep_mode_offload_cudagraph`): by default vLLM 0.32 keeps
-    them on the GPU while the engine sleeps (vllm/config/model.py, `ModelConfig.sleep_mode_offload_cudagraph`,
-    default False), which the memory plan would count as free for training. With the option, graph capture
-    allocates from the cuMem pool tagged "cudagraph" (vllm/config/vllm.py, `VllmConfig.use_cumem_cudagraph_pool`,
-    read by compilation/cudagraph_pool.py, `capture_pool`; device_allocator/cumem.py,
-    `CuMemAllocator.cudagraph_pool`), which every sleep level copies to the host
-    (device_allocator/sleep_mode_backend.py, `CuMemBackend.suspend`) and the first `wake_up`, whatever its tags,
-    maps and copies back (cumem.py, `CuMemAllocator.wake_up`: a tag other than "weights" and "kv_cache" always
-    wakes), so our wake order (weight_sync.wake_weights, then wake_kv_cache) is unchanged.
+    With sleep mode the CUDA graphs go to sleep too (`sleep_mode_offload_cudagraph`): vLLM would keep them on the
+    GPU, where the memory plan counts as free for training; the wake order is unchanged.
 
     On the CPU the KV cache gets `cpu_kv_cache_gib` (VLLM_CPU_KVCACHE_SPACE, unless the environment already sets
-    it): without it vLLM's CPU worker takes gpu_memory_utilization × the host's memory (measured: 10.7 of 23.5 GiB
-    for a 0.5B model), and refuses to start when that much is not free.
+    it): otherwise vLLM's CPU worker takes gpu_memory_utilization × the host's memory, and refuses to start when
+    that much is not free.
 
     `lora_rank > 0` turns on vLLM's LoRA support for one adapter at a time (plumbing/lora.py, `AdapterPush`), with
-    the smallest `max_lora_rank` vLLM allows that holds the rank (vllm/config/lora.py, `MaxLoRARanks`).
+    the smallest `max_lora_rank` vLLM allows that holds the rank.
 
-    `trainer_seed` (the trainer's per-rank seed) seeds torch again once the engine has started: vLLM's worker
-    seeds torch with the engine's `seed` as the last act of its start-up, alike on every rank
-    (`compile_or_warm_up_model` of v1/worker/cpu_worker.py and gpu_worker.py calls vllm/utils/torch_utils.py,
-    `set_random_seed`), over the trainer's own seeding, so without it the ranks would draw the same dropout masks
-    (LoRA dropout). On rank 0 (trainer_seed = seed) the state is the one vLLM left: a one-rank run is unchanged.
+    `trainer_seed` (the trainer's per-rank seed) seeds torch again once the engine has started: vLLM's start-up
+    seeds torch with the engine's `seed` alike on every rank, so without it the ranks would draw the same dropout
+    masks (LoRA dropout). On rank 0 (trainer_seed = seed) the state is the one vLLM left.
+
+    Evidence for each: docs/library-notes.md, "vLLM".
     """
     lora = {}
     if lora_rank:

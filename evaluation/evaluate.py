@@ -7,7 +7,7 @@
 
 Two modes:
 
-- **Without `--suite`** (the synthetic data, or any file `data.load_dataset` reads): every item is answered with
+- **Without `--suite`** (the synthetic data, or any file `loaders.load_eval_rows` reads): every item is answered with
   the same system prompt and response prefix as in training, and scored by our normalised exact match
   (data.exact_match: case, punctuation, articles and whitespace ignored, a negated prediction fails; its
   docstring lists where it differs from the official ConFiQA EM) between the `<answer>` span of the output and
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 import data
-from evaluation import suites
+from evaluation import loaders, suites
 from rewards import format_reward
 
 # Hugging Face's `generate` defaults for the sampling settings a generation_config.json leaves out.
@@ -178,7 +178,7 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite
     model = model or cfg.model
     eval_file = eval_file or cfg.eval_file
     tokenizer, style = _tokenizer_and_style(cfg, model, indent_system_prompt)
-    rows = data.load_dataset(eval_file)[: limit or None]
+    rows = loaders.load_eval_rows(eval_file)[: limit or None]
     rows, report = data.prepare_prompts(tokenizer, rows, cfg.max_prompt_tokens, cfg.on_long_prompt, **style)
     print(f"eval data: {eval_file}: {report.summary()}")
     outputs = generate(cfg, model, [r["prompt_ids"] for r in rows], sampling_settings(model, sample),

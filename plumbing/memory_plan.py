@@ -3,8 +3,8 @@
     python canoe.py --config recipes/llama3.1-8b.toml --plan-memory [--gpu-gib 80] [--world-size 8]
 
 The engine lives in every training process (rollout.py), and vLLM 0.32 refuses to start unless the device's free
-memory is at least total × `gpu_memory_utilization` (vllm/v1/worker/utils.py, `request_memory`, called at start-up
-from vllm/v1/worker/gpu_worker.py, `Worker.init_device`). The engine is created after the trainer has allocated
+memory is at least total × `gpu_memory_utilization` (docs/library-notes.md, "Start-up memory"). The engine is
+created after the trainer has allocated
 (canoe.setup), so its share must fit in what the policy, its gradients and optimizer state and the reference model
 leave free; the plan below derives that share, and each recipe's `vllm_gpu_memory_utilization` comes from it.
 Differs from CANOE (docs/differences.md, D16): vLLM shares each GPU with the trainer, with a share from this plan.
@@ -13,8 +13,7 @@ Per GPU, with P parameters, w bytes per value of the training dtype and W ranks 
 
     resident all step      policy weights      w·P (ZeRO-2)            w·P/W (ZeRO-3)
                            gradients           w·P/W partition + 4·P/W float32 copy at the step + the reduce
-                                               bucket (DeepSpeed stage_1_and_2.py, `DeepSpeedZeroOptimizer.step`;
-                                               with offload only the bucket stays on the GPU)
+                                               bucket (with offload only the bucket stays on the GPU)
                            optimizer state     12·P/W (float32 master weights and two Adam moments; 0 with offload)
                            ZeRO-3 gathering    stage3_max_live_parameters · w (DeepSpeed's default 1e9)
                            reference model     w·P (ZeRO-2: a plain copy on every GPU)  w·P/W (ZeRO-3); 0 when β = 0
@@ -61,13 +60,12 @@ GIB = 2**30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 ADAM_BYTES = 12  # float32 master weights, first and second moment, per parameter
 FP32_GRAD_BYTES = 4  # the float32 gradient partition the optimizer steps on
-# DeepSpeed's reduce_bucket_size and stage3_max_live_parameters defaults (deepspeed/runtime/zero/config.py,
-# `DeepSpeedZeroConfig`).
+# DeepSpeed's reduce_bucket_size and stage3_max_live_parameters defaults (docs/library-notes.md, "ZeRO defaults").
 REDUCE_BUCKET = 5 * 10**8
 MAX_LIVE_PARAMETERS = 10**9
 CUDA_RESERVE = 2 * GIB  # CUDA context, NCCL buffers and allocator fragmentation, per GPU (an allowance)
 # vLLM's working memory: its profile run at max_num_batched_tokens (16384 for the LLM class on a GPU of 70 GiB or
-# more, vllm/engine/arg_utils.py, `EngineArgs.get_batch_defaults`) keeps one layer's gate/up/act output, its sampler
+# more) keeps one layer's gate/up/act output, its sampler
 # warm-up holds float32 logits for max_num_seqs (1024) sequences, forward and softmax; CUDA graphs get an allowance.
 VLLM_BATCHED_TOKENS = 16384
 VLLM_MAX_SEQS = 1024
@@ -269,7 +267,7 @@ def plan_memory(cfg, arch: Architecture, *, world_size: int, total_bytes: float,
     working = VLLM_BATCHED_TOKENS * 3 * arch.intermediate * width + 2 * VLLM_MAX_SEQS * arch.vocab * 4 + CUDA_GRAPHS
     parts["vLLM: weights"] = (width * P, "rollout")
     parts["vLLM: working memory"] = (working, "rollout")
-    # vLLM sizes the KV cache so (vllm/v1/worker/gpu_worker.py, `Worker.determine_available_memory`).
+    # vLLM's KV cache is the rest of its share (docs/library-notes.md, "Start-up memory").
     kv_cache = max(0.0, share * total_bytes - width * P - working)
     parts["vLLM: KV cache (the rest of its share)"] = (kv_cache, "rollout")
     return Plan(parts, total_bytes, share, sleep, kv_cache, kv_per_token=2 * arch.layers * arch.kv_dim * width,

@@ -17,7 +17,7 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 def ranks_on_this_node() -> int:
     """The number of ranks this node runs: torchrun's LOCAL_WORLD_SIZE, or LOCAL_SIZE, the name DeepSpeed's launcher
-    uses (deepspeed/launcher/launch.py sets LOCAL_SIZE and never LOCAL_WORLD_SIZE); 1 for a plain `python`."""
+    uses (it never sets LOCAL_WORLD_SIZE); 1 for a plain `python`."""
     return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1")
 
 
@@ -48,13 +48,8 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
     """Join the launcher's process group (a plain `python canoe.py` is a world of one); returns (rank, world).
 
     `timeout_minutes` (the config's `dist_timeout_minutes`) is how long any collective of the group may wait.
-    DeepSpeed 0.19.8 gives its group 10 minutes unless DEEPSPEED_TIMEOUT says otherwise
-    (deepspeed/constants.py, `default_pg_timeout`, the default of `init_distributed`'s `timeout` in
-    deepspeed/comm/comm.py, passed to `torch.distributed.init_process_group` in deepspeed/comm/torch.py,
-    `TorchBackend.init_process_group`). A checkpoint makes every other rank wait while rank 0 writes `policy/`
-    (16-30 GB for the 8B-14B recipes): DeepSpeed's `save_checkpoint` opens with a barrier on this group
-    (deepspeed/runtime/engine.py, `DeepSpeedEngine.save_checkpoint`), so on slow shared storage the default would
-    end the run with a timeout.
+    DeepSpeed's default, 10 minutes, can end a run while every other rank waits at `save_checkpoint`'s barrier for
+    rank 0 to write `policy/` to slow storage (docs/library-notes.md, "The process group's timeout").
     """
     single_process_defaults()
     if timeout_minutes is None:
@@ -68,7 +63,7 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
 
 def shm_buffer(rank: int) -> Path:
     """Where DeepSpeed's CPU all-reduce keeps `rank`'s buffer: a file of /dev/shm named by the user, MASTER_ADDR,
-    MASTER_PORT and the rank (deepspeed/ops/csrc/cpu/comm/shm.cpp, `shm_initialize`)."""
+    MASTER_PORT and the rank (DeepSpeed's shm.cpp, `shm_initialize`)."""
     addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     return Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
 
@@ -76,15 +71,12 @@ def shm_buffer(rank: int) -> Path:
 def unlink_shm_buffer(rank: int, world_size: int) -> None:
     """Remove this rank's DeepSpeed shared-memory buffer from /dev/shm as soon as every rank has mapped it.
 
-    On a CPU, when every rank runs on one machine, DeepSpeed 0.19.8 gives each rank a 64 MiB all-reduce buffer in
-    /dev/shm (`TorchBackend.__init__` in deepspeed/comm/torch.py calls the shm op's `initialize`) and never removes
-    it (`shared_close` in shm.cpp, the only `shm_unlink`, is never called): each run, ended or killed, would leave
-    64 MiB of memory in the tmpfs until the machine restarts (a few hundred runs fill a 24 GB machine). A rank's
-    `shm_initialize` returns only once it has opened every other rank's buffer, so after a barrier no rank needs the
-    names: unlinked, the memory goes back when the last process holding a mapping exits, however it exits.
-    DeepSpeed's own condition decides whether there is a buffer (`initialize` in shm_interface.cpp: the shm op was
-    built, which it is on the CPU accelerator only, and the world is LOCAL_SIZE ranks), so that every rank takes
-    the same branch around the barrier; a stale file of an earlier run does not.
+    On a CPU with every rank on one machine, DeepSpeed gives each rank a 64 MiB buffer in /dev/shm and never
+    removes it: each run, ended or killed, would leave it in the tmpfs until the machine restarts. After a barrier
+    no rank needs the names (each has opened every other's buffer); unlinked, the memory goes back when the last
+    process mapping it exits. DeepSpeed's own condition for a buffer (the shm op built, LOCAL_SIZE ranks) decides,
+    not a stale file, so every rank takes the same branch around the barrier (docs/library-notes.md, "The CPU
+    all-reduce buffer in /dev/shm").
     """
     backend = deepspeed.comm.comm.cdb
     if getattr(backend, "shm_comm_op", None) is None or os.environ.get("LOCAL_SIZE") != str(world_size):
@@ -144,19 +136,11 @@ def resolve_dtype(name: str, *, say: bool = False) -> torch.dtype:
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """The device whose tensors the process group's backend takes: every collective of the trainer is built on it.
 
-    A backend serves only the device types it is registered for, and a tensor on any other type is refused ("No
-    backend type associated with device type cpu"). On CUDA, DeepSpeed 0.19.8 creates the group with NCCL
-    (deepspeed/accelerator/cuda_accelerator.py, `CUDA_Accelerator.__init__` and `communication_backend_name`;
-    deepspeed/comm/comm.py, `init_distributed`: `dist_backend = get_accelerator().communication_backend_name()`,
-    then deepspeed/comm/torch.py, `TorchBackend.init_process_group`: `torch.distributed.init_process_group(backend,
-    ...)`), and torch 2.13 registers NCCL for "cuda" only (torch/distributed/distributed_c10d.py, `Backend`:
-    `default_device_backend_map`, `backend_capability`; `_new_process_group_helper` registers one backend per
-    device type, `pg._register_backend(torch.device(device), ...)`). On a CPU, gloo serves "cpu" (and "cuda"). So
-    the tensors go where the group's backend is: torch's own rule for object collectives, `_get_object_coll_device`
-    (distributed_c10d.py, reading the group's `_device_types`: its one device type, or "cpu" when the group serves
-    "cpu" among others), which all_gather_object and broadcast_object_list use to place their tensors
-    (`_object_to_tensor` moves them with `.to(device)`). The device carries no index: "cuda" is the current device,
-    which canoe.setup sets to the rank's own GPU right after joining the group.
+    A backend serves only the device types it is registered for and refuses a tensor on any other ("No backend
+    type associated with device type cpu"): on CUDA DeepSpeed's group is NCCL, "cuda" only; on a CPU, gloo. The
+    private `_get_object_coll_device` is torch's own rule for where object collectives put their tensors
+    (docs/library-notes.md, "The device of collectives"). The device carries no index: "cuda" is the current
+    device, which canoe.setup sets to the rank's own GPU right after joining the group.
     """
     return torch.device(dist.distributed_c10d._get_object_coll_device(group))
 
@@ -216,36 +200,18 @@ def route_logs(out: Path, rank: int, *, verbose: bool = False) -> dict[str, Path
     errors. Each rank writes its own files, in append mode (a `--resume` adds to the first run's): `vllm.log` and
     `deepspeed.log` on rank 0, `vllm-rank-R.log` and `deepspeed-rank-R.log` on rank R > 0. With `verbose`
     (`canoe.py --verbose`) vLLM's terminal handler is left as vLLM made it, so its full log shows there as well.
-    Call it before the vLLM engine is made. How the two libraries log (vLLM 0.32.0, DeepSpeed 0.19.8):
+    Call it before the vLLM engine is made: how the two libraries log is in docs/library-notes.md ("How vLLM
+    logs", "How DeepSpeed logs"). In short:
 
-    * vLLM logs through the "vllm" logger and its children. Its handler comes from vLLM's own `dictConfig`,
-      `DEFAULT_LOGGING_CONFIG` (vllm/logger.py): one StreamHandler named "vllm" on `VLLM_LOGGING_STREAM` (stdout
-      by default) at `VLLM_LOGGING_LEVEL` (INFO; both in vllm/envs.py, `environment_variables`), on the "vllm"
-      logger at that level with `propagate: False`. It is applied not when vLLM is imported but when an engine is
-      made: `LLM(...)` calls `configure_logging_if_needed(engine_args.create_logging_config())`
-      (vllm/entrypoints/llm.py, `LLM.__init__`; again engine/arg_utils.py, `EngineArgs.create_engine_config`, and
-      v1/engine/llm_engine.py, `LLMEngine.__init__`), which applies the config only if it differs from the last
-      one applied in this process (vllm/logger.py, `configure_logging_if_needed`). Applying it replaces the
-      logger's handlers (`dictConfig` removes every handler of a logger it configures: Python 3.11
-      logging/config.py, `DictConfigurator.common_logger_config`), so a handler set before the engine exists
-      would be dropped. Hence vLLM's config is applied here first, the same `LoggingConfig()` the engine builds
-      (vllm/config/logging.py, `LoggingConfig`; engine/arg_utils.py, `EngineArgs.create_logging_config`, gives
-      that default when no logging argument is passed, and rollout.make_engine passes none), and the logger is
-      then re-handled: a FileHandler at vLLM's level, vLLM's terminal handler raised to ERROR. The engine's own
-      calls find that config applied already and leave the handlers alone. Before this call vLLM has no handler
-      (lines logged at vLLM's import reach Python's last-resort handler: warnings on stderr).
-      `VLLM_CONFIGURE_LOGGING=0` and `VLLM_LOGGING_CONFIG_PATH` (vllm/envs.py, `environment_variables`) stay the
-      user's: only stream handlers are raised (not a FileHandler), any other handler is kept as it is.
-    * DeepSpeed logs through its "DeepSpeed" logger, made at import by `LoggerFactory.create_logger` at WARNING,
-      with one StreamHandler on stdout and `propagate = False` (deepspeed/utils/logging.py,
-      `LoggerFactory.create_logger` and the module's `logger`): in this process it shows warnings only. Here the
-      logger is lowered to INFO, INFO and above go to its own file (so that vllm.log holds vLLM alone) and its
-      stdout handler stays at WARNING, in both modes. A `log_level` in the DeepSpeed config would reset the logger
-      and its handlers (deepspeed/runtime/engine.py, `DeepSpeedEngine.__init__`, calls utils/logging.py,
-      `set_log_level_from_string`); optimizer.deepspeed_config sets none.
+    * vLLM's handler comes from its own `dictConfig`, applied when an engine is made, and applying it drops every
+      handler set before. So vLLM's config is applied here first, the same `LoggingConfig()` the engine builds,
+      and the "vllm" logger then re-handled: a FileHandler at vLLM's level, vLLM's terminal handler raised to
+      ERROR; the engine finds that config applied and leaves the handlers alone. `VLLM_CONFIGURE_LOGGING=0` and
+      `VLLM_LOGGING_CONFIG_PATH` stay the user's: only stream handlers are raised, any other handler is kept.
+    * DeepSpeed's "DeepSpeed" logger shows warnings on stdout. Here it is lowered to INFO, INFO and above go to its
+      own file (so that vllm.log holds vLLM alone) and its stdout handler stays at WARNING, in both modes.
     * The "[INFO] [runner.py:...]" and "[INFO] [launch.py:...]" lines come from the `deepspeed` launcher's own
-      processes, at its `--log_level` (default "info", deepspeed/launcher/runner.py, `parse_args`), out of this
-      process's reach: `deepspeed --log_level warning canoe.py ...` quiets them.
+      processes, out of this process's reach: `deepspeed --log_level warning canoe.py ...` quiets them.
     """
     out.mkdir(parents=True, exist_ok=True)
     return {"vllm": _route_vllm(out, rank, verbose=verbose), "deepspeed": _route_deepspeed(out, rank)}

@@ -30,9 +30,10 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_shipped_configs_load():
-    for path in [ROOT / "config.toml", *sorted((ROOT / "recipes").glob("*.toml"))]:
-        cfg = load_config(path)
-        assert cfg.num_generations >= 2, path
+    paths = [ROOT / "config.toml", *sorted((ROOT / "recipes").glob("*.toml"))]
+    assert len(paths) > 1  # the recipes were found: an empty glob would pass on config.toml alone
+    for path in paths:
+        load_config(path)  # raises ConfigError naming the file and the key
 
 
 def test_the_plain_prompt_baseline_is_the_default_prompted_plainly():
@@ -70,9 +71,6 @@ def test_defaults_are_the_papers():
         ('[rewards]\naccuracy = "1"\n', "the weight of ['accuracy'] must be a number"),
         ("[rewards]\naccuracy = true\n", "the weight of ['accuracy'] must be a number"),
         ("rewards = 1.0\n", "key 'rewards' must be dict, got float"),
-        ('reward_funcs = ["accuracy", "format"]\nreward_weights = [1.0, 0.5]\n',
-         "'reward_funcs' was replaced by a [rewards] table that names each reward with its weight; write instead:\n"
-         "[rewards]\naccuracy = 1.0\nformat = 0.5"),
         ("num_iterations = 0\n", "num_iterations = 0: must be at least 1"),
         ("importance_cap = -1.0\n", "importance_cap = -1.0: must not be negative"),
         ('ratio_level = "group"\n', "ratio_level = 'group': must be one of ('token', 'sequence')"),

@@ -1,5 +1,6 @@
 """Tests for data.py: loaders and their error messages, prompt rendering and the overflow rule, the per-rank
-sampler and its resume state, exact_match, the `check` command (the synthetic data: tests/test_synth.py)."""
+sampler and its resume state, exact_match (the synthetic data: tests/test_synth.py; ConFiQA-style lists and the
+`check` command: tests/test_loaders.py)."""
 
 from __future__ import annotations
 
@@ -110,72 +111,8 @@ def test_load_jsonl_missing_file_and_directory(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# ConFiQA-style JSON and load_dataset
+# load_dataset (ConFiQA-style lists: evaluation/loaders.py, tests/test_loaders.py)
 # ---------------------------------------------------------------------------------------------------------------
-
-CONFIQA_ITEM = {
-    "question": "What is the capital of France?",
-    "orig_context": "The capital of France is Paris.",
-    "orig_answer": "Paris",
-    "cf_context": "The capital of France is Lyon.",
-    "cf_answer": "Lyon",
-    "cf_alias": ["Lyons"],
-}
-
-
-def test_confiqa_counterfactual_is_the_default_and_other_fields_are_kept(tmp_path):
-    path = write(tmp_path, "c.json", json.dumps([CONFIQA_ITEM]))
-    [row] = data.load_confiqa(path)
-    assert row == {
-        "problem": "<context>The capital of France is Lyon.</context>\n\nWhat is the capital of France?",
-        "solution": "<answer>Lyon</answer>",
-        "orig_context": "The capital of France is Paris.",
-        "orig_answer": "Paris",
-        "cf_alias": ["Lyons"],
-    }
-    assert data.load_dataset(path) == [row]
-
-
-def test_confiqa_original_and_plain_variants(tmp_path):
-    path = write(tmp_path, "c.json", json.dumps([CONFIQA_ITEM]))
-    [row] = data.load_confiqa(path, variant="original")
-    assert row["solution"] == "<answer>Paris</answer>" and "Paris.</context>" in row["problem"]
-    assert row["cf_answer"] == "Lyon"
-    plain = write(tmp_path, "p.json", json.dumps([{"context": "Sky is green.", "question": "Sky?", "answer": "green"}]))
-    assert data.load_confiqa(plain) == [{"problem": "<context>Sky is green.</context>\n\nSky?",
-                                         "solution": "<answer>green</answer>"}]
-
-
-@pytest.mark.parametrize(
-    "content, message",
-    [
-        ('{"question": "q"}', "expected a JSON list of objects, got dict"),
-        ("[]", "no records (the list is empty)"),
-        ('[{"question": "q", "foo": 1}]', "item 0 has none of the known context/answer field pairs"),
-        (json.dumps([CONFIQA_ITEM, {**CONFIQA_ITEM, "question": 5}]),
-         "item 1: field(s) 'question' missing or not a string"),
-        (json.dumps([CONFIQA_ITEM, "x"]), "item 1: expected a JSON object, got str"),
-        (json.dumps([CONFIQA_ITEM, {k: v for k, v in CONFIQA_ITEM.items() if k != "cf_answer"}]),
-         "item 1: field(s) 'cf_answer' missing or not a string"),
-        (json.dumps([{**CONFIQA_ITEM, "cf_context": "a </context> b"}]),
-         "item 0: 'cf_context' contains a <context> tag"),
-        (json.dumps([{**CONFIQA_ITEM, "cf_context": "  "}]),
-         "item 0: 'problem' has an empty <context></context> block"),
-        (json.dumps([{**CONFIQA_ITEM, "solution": "x"}]), "item 0: already has field(s) ['solution']"),
-        ('[\n{"question": \n', "c.json:3: not valid JSON"),
-    ],
-)
-def test_confiqa_errors(tmp_path, content, message):
-    path = write(tmp_path, "c.json", content)
-    with pytest.raises(DataError, match=re.escape(message)):
-        data.load_confiqa(path)
-
-
-def test_confiqa_unknown_variant_and_missing_file(tmp_path):
-    with pytest.raises(ValueError, match="unknown ConFiQA variant"):
-        data.load_confiqa(tmp_path / "c.json", variant="weird")
-    with pytest.raises(DataError, match="data file not found"):
-        data.load_confiqa(tmp_path / "c.json")
 
 
 def test_load_dataset_dispatches_on_extension(tmp_path):
@@ -183,6 +120,21 @@ def test_load_dataset_dispatches_on_extension(tmp_path):
     assert data.load_dataset(jsonl) == [GOOD]
     with pytest.raises(DataError, match="unknown data file type '.csv'"):
         data.load_dataset(write(tmp_path, "d.csv", "a,b\n"))
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (json.dumps([{"question": "q", "context": "c", "answer": "a"}]), "c.json: item 0: missing field 'problem'"),
+        ('{"problem": "p"}', "c.json: expected a JSON list of objects, got dict"),
+        ("[\n{", "c.json:2: not valid JSON"),
+        ("[]", "c.json: no records"),
+    ],
+)
+def test_a_json_training_file_is_a_list_of_records(tmp_path, content, message):
+    # a ConFiQA-style list is an evaluation set (evaluation/loaders.py), not training data
+    with pytest.raises(DataError, match=re.escape(message)):
+        data.load_dataset(write(tmp_path, "c.json", content))
 
 
 # CANOE's own training file (final_10k.jsonl): problem, solution, and the chat in `message`
@@ -351,21 +303,12 @@ def test_sampler_iterates():
 
 def test_sampler_ranks_are_disjoint_and_cover_each_global_batch():
     ranks = [data.PromptSampler(14, 3, seed=1, rank=r, world_size=2) for r in range(2)]
-    assert ranks[0].steps_per_epoch == 2  # 14 // 6; two rows skipped per epoch with drop_last
+    assert ranks[0].steps_per_epoch == 2  # 14 // 6; two rows skipped per epoch
     for _ in range(5):  # across epoch boundaries
         batch0, batch1 = ranks[0].next_batch(), ranks[1].next_batch()
         assert len(batch0) == len(batch1) == 3 and not set(batch0) & set(batch1)
         step, order = ranks[0].position - 1, ranks[0].epoch_order(ranks[0].epoch)
         assert batch0 + batch1 == order[step * 6 : (step + 1) * 6]  # together: exactly this global batch
-
-
-def test_sampler_without_drop_last_pads_the_last_batch_from_the_epoch_start():
-    ranks = [data.PromptSampler(7, 2, seed=3, rank=r, world_size=2, drop_last=False) for r in range(2)]
-    assert ranks[0].steps_per_epoch == 2
-    order = ranks[0].epoch_order(0)
-    seen = [ranks[r].next_batch() for _ in range(2) for r in range(2)]
-    assert all(len(b) == 2 for b in seen)
-    assert sum(seen, []) == order + order[:1]  # 7 rows, then the first one again to fill the batch
 
 
 @pytest.mark.parametrize("taken", [0, 1, 3, 4, 5, 9])
@@ -400,11 +343,12 @@ def test_sampler_rejects_bad_arguments_and_foreign_state():
     with pytest.raises(ValueError):
         data.PromptSampler(10, 0, seed=0)
     sampler = data.PromptSampler(10, 2, seed=0)
-    for key, value in [("num_rows", 11), ("seed", 1), ("global_batch_size", 4), ("drop_last", False)]:
+    for key, value in [("num_rows", 11), ("seed", 1), ("global_batch_size", 4)]:
         with pytest.raises(ValueError, match=key):
             sampler.load_state_dict({**sampler.state_dict(), key: value})
     with pytest.raises(ValueError, match="out of range"):
         sampler.load_state_dict({**sampler.state_dict(), "position": 6})
+    sampler.load_state_dict({**sampler.state_dict(), "drop_last": True})  # as checkpoints before the option went
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -456,11 +400,6 @@ def test_doctests():
     assert result.attempted > 0 and result.failed == 0
 
 
-def test_task_counts_and_check_command(capsys, tmp_path):
+def test_task_counts_puts_the_papers_types_first():
     rows = [{**GOOD, "task": "multi_hop"}, {**GOOD, "task": "straightforward"}, {**GOOD, "task": "other"}, GOOD]
-    assert data.task_counts(rows) == "straightforward 1, multi_hop 1, (no task) 1, other 1"  # paper's types first
-    path = write(tmp_path, "rows.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
-    assert data.main(["check", str(path)]) == 0
-    assert f"{path}: 4 rows (straightforward 1, multi_hop 1, (no task) 1, other 1)" in capsys.readouterr().out
-    assert data.main(["check", str(write(tmp_path, "bad.jsonl", "x\n"))]) == 1
-    assert ":1: not valid JSON" in capsys.readouterr().err
+    assert data.task_counts(rows) == "straightforward 1, multi_hop 1, (no task) 1, other 1"

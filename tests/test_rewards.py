@@ -113,7 +113,7 @@ def test_r1_case_slow(case, math_grader):
         (tagged(""), "<answer></answer>", 1.0),  # identical (empty) spans
     ],
 )
-def test_accuracy_extra(completion, solution, expected, math_grader):
+def test_accuracy_compares_the_first_answer_spans_as_strings_or_math(completion, solution, expected, math_grader):
     assert accuracy_reward([chat(completion)], [solution], grader=math_grader) == [expected]
 
 
@@ -196,8 +196,12 @@ def test_readme_reward_example_works_appended_to_rewards():
     namespace = {**vars(rewards), "REWARD_FUNCS": dict(REWARD_FUNCS)}  # as if appended, without touching the registry
     exec(compile(snippet, "README.md", "exec"), namespace)
     brevity = namespace["REWARD_FUNCS"]["brevity"]
-    texts = ["<answer>Paris</answer>", "<answer>one two three four five six</answer>", None]
-    assert brevity([chat(t) for t in texts], solution=["x"] * 3) == [1.0, 0.0, 1.0]
+    texts = ["<answer>Paris</answer>", "<answer> one two three four five </answer>",
+             "<answer>one two three four five six</answer>"]
+    assert brevity([chat(t) for t in texts], solution=["x"] * 3) == [1.0, 1.0, 0.0]
+    # the README's own rule: a malformed input (None, no <answer> tag, an unclosed or empty one) scores 0
+    malformed = [None, "Paris", "<think>t</think>", "<answer>Paris", "<answer>  </answer>", ""]
+    assert brevity([chat(t) for t in malformed], solution=["x"] * 6) == [0.0] * 6
 
 
 def test_trainer_kwargs_are_accepted(math_grader, tmp_path):

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 import data
+from evaluation import loaders
 from synthetic import facts
 from synthetic import synth
 from config import load_config
-from grading.tags import answer_span
+from grading.tags import answer_span, tag_content
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +44,7 @@ def default_data():
 
 
 def context_of(row: dict) -> str:
-    return data.CONTEXT_RE.search(row["problem"]).group(1)
+    return tag_content(row["problem"], "context")
 
 
 def named(text: str, name: str) -> bool:
@@ -340,7 +341,7 @@ def test_synth_rejects_bad_sizes():
 
 
 def test_synth_output_passes_the_data_check(generated, capsys):
-    assert data.main(["check", str(generated["out"] / "eval.jsonl")]) == 0
+    assert loaders.main(["check", str(generated["out"] / "eval.jsonl")]) == 0
     assert "60 rows (straightforward 15, multi_hop 15, inconsistent 15, counterfactual 15)" in capsys.readouterr().out
 
 

@@ -15,16 +15,11 @@ from config import Config
 def torch_adam_params() -> dict:
     """The optimizer parameters that make DeepSpeed build torch's fused AdamW instead of its own FusedAdam.
 
-    DeepSpeed 0.19.8 picks the Adam class in `DeepSpeedEngine.get_optimizer_configuration`
-    (deepspeed/runtime/engine.py): with `torch_adam` it returns `torch.optim.AdamW` (`fused` stays among the
-    keyword arguments, `DeepSpeedEngine._configure_basic_optimizer`: `adam_optimizer(model_parameters,
-    **optimizer_parameters, ...)`), else, without CPU offload, `deepspeed.ops.adam.FusedAdam`, whose CUDA kernel
-    is compiled by DeepSpeed's op builder at first use and needs nvcc and the CUDA headers, which runtime-only
-    images lack. torch's fused AdamW ships compiled in torch for CUDA and for the CPU, so the same choice holds on
-    both: on the CPU one pass over the flat ZeRO partition instead of a dozen (SmolLM2: 0.41 s -> 0.07 s per
-    update, measured here); on CUDA both are one multi-tensor kernel per group of tensors (not measured here: no
-    GPU; docs/DESIGN.md, "The GPU path"). With `offload_optimizer` the optimizer is DeepSpeed's CPU Adam (the
-    same function), which these keys would bypass, so they are left out.
+    With `torch_adam` DeepSpeed builds `torch.optim.AdamW` (with `fused`); otherwise, without CPU offload, its
+    FusedAdam, whose CUDA kernel is compiled at first use and needs nvcc and the CUDA headers, which runtime-only
+    images lack. torch's fused AdamW ships compiled for CUDA and the CPU, where it makes one pass over the flat
+    ZeRO partition instead of a dozen. With `offload_optimizer` the optimizer is DeepSpeed's CPU Adam, which these
+    keys would bypass, so they are left out (docs/library-notes.md, "Adam").
     """
     return {"torch_adam": True, "fused": True}
 
@@ -39,8 +34,7 @@ def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dic
         "zero_optimization": {"stage": cfg.zero_stage},
         # With LoRA in bfloat16 the frozen base stays in bfloat16 and the adapters, which PEFT made float32
         # (get_peft_model's autocast_adapter_dtype), train in float32: DeepSpeed's bf16 mode would cast them to
-        # bfloat16 (deepspeed/runtime/engine.py, `DeepSpeedEngine._configure_distributed_model`); its float32 mode
-        # leaves every parameter as it is.
+        # bfloat16; its float32 mode leaves every parameter as it is.
         "bf16": {"enabled": dtype == torch.bfloat16 and not cfg.lora_rank, "check_grad_overflow": True},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,

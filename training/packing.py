@@ -132,8 +132,8 @@ def pack_micro_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Seq
 def attention_mask(model, allowed: torch.Tensor) -> torch.Tensor:
     """The additive `(1, 1, L, L)` mask for `allowed`, in the model's dtype (0 where allowed, the dtype's minimum
     elsewhere): the form both the `sdpa` and the `eager` attention of transformers add to the scores."""
-    # A DeepSpeed engine wraps the model, and its own `.config` is DeepSpeed's config dict (deepspeed/runtime/
-    # engine.py, `DeepSpeedEngine.__init__`), which has no attention setting: read the wrapped model's.
+    # A DeepSpeed engine wraps the model, and its own `.config` is DeepSpeed's config dict, which has no attention
+    # setting: read the wrapped model's.
     config = getattr(getattr(model, "module", model), "config", None)
     implementation = getattr(config, "_attn_implementation", "sdpa")
     if implementation not in SUPPORTED_ATTENTION:
