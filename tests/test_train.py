@@ -323,9 +323,9 @@ def test_several_updates_per_rollout_make_the_ratio_and_the_importance_weights_a
     assert metrics[-1]["train/lr"] == pytest.approx(1e-3)
 
 
-def readme_reward_example() -> str:
-    """The code block of the README's "Adding a reward" section, as a user would copy it."""
-    section = (ROOT / "README.md").read_text().split("## Adding a reward", 1)[1]
+def readme_example(heading: str = "## Adding a reward") -> str:
+    """The code block of a README section ("Adding a reward", "Adding a loss variant"), as a user would copy it."""
+    section = (ROOT / "README.md").read_text().split(heading, 1)[1]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
@@ -364,9 +364,11 @@ def fork_run(tmp_path_factory, smoke_data) -> Path:
     canoe_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
     fork = fork_repository(folder / "fork")
     with open(fork / "rewards.py", "a") as f:
-        f.write("\n\n" + readme_reward_example() + "\n" + MESSAGE_REWARD)
+        f.write("\n\n" + readme_example() + "\n" + MESSAGE_REWARD)
+    with open(fork / "variants.py", "a") as f:
+        f.write("\n\n" + readme_example("## Adding a loss variant"))
     config = write_config(folder, canoe_file, max_steps=3, max_minutes=0.001, model=str(SMOKE_MODEL),
-                          rewards=FORK_REWARDS)
+                          rewards=FORK_REWARDS, advantage_rule="rloo")
     launch(config, 1, root=fork, launcher=False)
     return folder
 
@@ -378,6 +380,19 @@ def test_the_readmes_reward_example_trains_and_is_logged(fork_run):
     assert metrics["reward/brevity"] > 0
     # the total is the weighted sum of the rewards, so its mean is the weighted sum of their means
     assert metrics["reward/total"] == pytest.approx(sum(w * metrics[f"reward/{n}"] for n, w in FORK_REWARDS.items()))
+
+
+def test_the_readmes_advantage_rule_trains(fork_run):
+    """The fork's variants.py has the README's RLOO rule appended and its config names it: every group's logged
+    advantages are its rewards minus the mean of the other G − 1 (CANOE's rule would normalise them)."""
+    samples = read_jsonl(fork_run / "run" / "samples.jsonl")
+    G = json.loads((fork_run / "run" / "run_config.json").read_text())["config"]["num_generations"]
+    assert len(samples) % G == 0 and any(s["advantage"] != 0 for s in samples)
+    for start in range(0, len(samples), G):
+        rewards = [s["reward"] for s in samples[start:start + G]]
+        for reward, sample in zip(rewards, samples[start:start + G]):
+            others = (sum(rewards) - reward) / (G - 1)
+            assert sample["advantage"] == pytest.approx(reward - others, abs=1e-5)
 
 
 def test_time_budget_ends_the_run_with_a_checkpoint(fork_run):

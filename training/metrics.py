@@ -209,6 +209,7 @@ class RunLog:
                     "stage2_problem": batch.stage2.problems[i],
                     "stage2_completion": None if stage2 is None else stage2.text,
                     "reward": float(step.rewards[i]),
+                    "advantage": float(step.advantages[i]),
                 }) + "\n")
 
     def close(self) -> None:
