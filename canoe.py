@@ -13,7 +13,7 @@ One training step (CANOE, arXiv 2505.16483; docs/DESIGN.md, "The step, in one pi
     batch of B prompts (this rank) ─ stage 1: G samples each (vLLM)
       ─ stage 2: each long answer in place of the context, 1 sample each
       ─ rewards: accuracy, format (stage 1), influence (stage 2), length; weighted sum
-      ─ advantages A = (r − mean_group) / (std_group + eps)
+      ─ group-relative advantages (grpo_loss.py's docstring holds the equations)
       ─ micro-batches of `prompts_per_device` prompts: clipped surrogate − β·KL on stage-1 tokens only, backward
       ─ DeepSpeed step (ZeRO-2/3) ─ push weights into vLLM and verify ─ log ─ checkpoint
 
@@ -51,16 +51,16 @@ import data
 import rollout
 from config import Config, ConfigError
 from grpo_loss import grpo_loss
+from variants import Variants
 
 from grading.grader import MathGrader
 from plumbing import checkpoint, lora, weight_sync
 from plumbing.runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs
-from plumbing.push import WeightPush
 from training import cli, packing, preflight
 from training.metrics import RunLog, Step, step_metrics, timed, timing, truncate_log, write_run_info
 from training.optimizer import deepspeed_config, lr_lambda
+from training.push import WeightPush
 from training.scoring import reward_counts, reward_metrics, score
-from variants import Variants
 
 
 # ==============================================================================================================
@@ -220,8 +220,8 @@ def train_step(run: Run) -> Step:
     batch = sample_and_score(run)  # B rows, N completions, N stage-2 entries, (N, R) scores
     rewards = batch.scores @ run.reward_weights  # (N,)
 
-    # 3. Group-relative advantages A = (r − mean_group) / (std_group + eps) (grpo_loss.py), and the sequences
-    #    that enter the loss: all of them, unless a variant masks some (variants.py).
+    # 3. Group-relative advantages (grpo_loss.py), and the sequences that enter the loss: all of them, unless a
+    #    variant masks some (variants.py).
     advantages = run.variants.advantages(batch.scores, run.reward_weights, G)  # (N,)
     kept = run.variants.trained(advantages, batch.completions, G)  # (N,) bool
 
@@ -233,7 +233,7 @@ def train_step(run: Run) -> Step:
     # 5. Loss and backward per micro-batch; DeepSpeed applies the update at the last one.
     losses = update(run, micro, totals)
 
-    # 6. Push the new weights into vLLM and prove that they arrived (plumbing/push.py).
+    # 6. Push the new weights into vLLM and prove that they arrived (training/push.py).
     pushed = run.push(run.engine)
 
     run.step += 1

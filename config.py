@@ -128,9 +128,9 @@ class Config:
     importance_cap: float = _key(0.0, "C of truncated importance sampling, min(π_old/π_vLLM, C) per token; 0 = off")
     ratio_level: str = _key("token", "token (PPO/GRPO) or sequence: one ratio per completion, geometric mean (GSPO)")
     mask_truncated: bool = _key(False, "completions cut off by max_completion_tokens get no loss (DAPO)")
-    skip_zero_variance_groups: bool = _key(False, "groups whose advantages are all 0 are left out of the loss (DAPO)")
+    skip_zero_variance_groups: bool = _key(False, "groups whose advantages are all equal are left out of the loss (DAPO)")
     dynamic_sampling_draws: int = _key(0, "D: a step draws new prompts up to D more times to replace the groups whose "
-                                       "advantages are all 0 with groups whose advantages are not (DAPO); 0 = off")
+                                       "advantages are all equal with groups whose are not (DAPO); 0 = off")
     # --- run
     output_dir: str = _key("runs/default", "run folder: config, metrics, samples, checkpoints")
     seed: int = _key(42, "seed of data order, sampling and initialisation")

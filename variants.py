@@ -13,7 +13,7 @@ Differs from CANOE (docs/differences.md, D15): options, all off by default.
   sampler's importance cap (truncated importance sampling).
 
 Adding an advantage rule is one function with `canoe_advantages`'s signature and one line in ADVANTAGE_RULES; the
-config's `reward_aggregation` then names it (tests/test_train.py trains with the README's example).
+config's `advantage_rule` then names it (tests/test_train.py trains with the README's example).
 """
 
 from __future__ import annotations

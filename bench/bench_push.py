@@ -1,4 +1,4 @@
-"""Where a weight push's seconds go: the parts of canoe.push_and_verify timed one by one on a real set-up.
+"""Where a weight push's seconds go: the parts of the driver's push (training/push.py) timed one by one on a real set-up.
 
     .venv/bin/python bench/bench_push.py [--config config.toml] [--pushes 6] [--dtype auto]
 
@@ -13,7 +13,7 @@ trainable weights a little (LoRA's B, or every parameter, by a random step of th
 - `engine_sums`: the engine's weight sums of what was reloaded, read back through `collective_rpc` and checked
   (outside float32 only);
 - `probe_trainer`, `probe_vllm`: the trainer's and vLLM's log-probabilities of the probe completion;
-- `push_and_verify`: the whole of canoe.push_and_verify, as a training step logs it (`time/weight_push`).
+- `push_and_verify`: the whole push, `run.push(run.engine)`, as a training step logs it (`time/weight_push`).
 
 Prints the median of each over the pushes, in seconds. Nothing is written but the run folder the set-up makes.
 """
@@ -69,21 +69,21 @@ def main() -> None:
             for p in trained:
                 p.add_(torch.randint(0, 2, p.shape, generator=generator).to(p.dtype).mul_(2).sub_(1) * cfg.learning_rate)
         if is_lora:
-            weights = clock("weights", lambda: list(lora.policy_weights(model, cfg.zero_stage, run.merged_push,
-                                                                        changed_only=run.merged_push is not None)))
+            weights = clock("weights", lambda: list(lora.policy_weights(model, cfg.zero_stage, run.push.merged,
+                                                                        changed_only=run.push.merged is not None)))
         else:
             weights = clock("weights", lambda: list(weight_sync.iter_full_parameters(model, cfg.zero_stage)))
-        partial = is_lora and run.merged_push is not None
-        if run.checksum:
+        partial = is_lora and run.push.merged is not None
+        if run.push.sums_dtype:
             sums = weight_sync.WeightSums(scope=frozenset(lora.hf_name(name) for name in lora.changed_modules(model))
                                           if partial else None)
-            clock("sums", lambda: [sums.add_as_held(tensor, run.checksum, name) for name, tensor in weights])
+            clock("sums", lambda: [sums.add_as_held(tensor, run.push.sums_dtype, name) for name, tensor in weights])
         clock("reload", lambda: weight_sync.push_weights(run.llm, iter(weights), repack=False if partial else None,
                                                          partial=partial))
-        if run.checksum:
+        if run.push.sums_dtype:
             engine = clock("engine_sums", lambda: weight_sync.engine_weight_sums(run.llm, sums.scope))
             weight_sync.check_weight_sums(sums, engine)
-        prompt, completion = run.probe
+        prompt, completion = run.push.probe
 
         def probe_trainer():
             run.engine.eval()
@@ -93,9 +93,8 @@ def main() -> None:
 
         clock("probe_trainer", probe_trainer)
         clock("probe_vllm", lambda: weight_sync.vllm_token_logprobs(run.llm, prompt, completion, None))
-        run.times.clear()
-        clock("push_and_verify", lambda: canoe.push_and_verify(run))
-    dtype = run.checksum or torch.float32
+        clock("push_and_verify", lambda: run.push(run.engine))
+    dtype = run.push.sums_dtype or torch.float32
     print(f"push parts ({cfg.model}, {'LoRA' if is_lora else 'full'}, {str(dtype).removeprefix('torch.')}, "
           f"median of {args.pushes} pushes, seconds):")
     for part, seconds in times.items():

@@ -322,7 +322,7 @@ class AdapterPush:
     allocated while the model loads, in the "weights" memory pool (vllm/v1/worker/gpu_worker.py,
     `Worker.load_model`, and the model runner's `load_lora_model`, called from gpu_model_runner.py,
     `GPUModelRunner.load_model`), so a level-2 sleep discards them with the weights; the new
-    id is activated into its slot when it is added, after the weights are woken (canoe.push_and_verify's order),
+    id is activated into its slot when it is added, after the weights are woken (push.WeightPush's order),
     so the slot is rewritten then. With LoRA in vLLM the adapter's own values are held in the engine's dtype
     (lora_dtype "auto", vllm/config/lora.py, `LoRAConfig.verify_with_model_config`): relative rounding of the
     adapter, not of W + s·B·A.

@@ -17,7 +17,7 @@ file is the whole path, in the order a step takes it:
 4. **Memory hand-over** on CUDA: vLLM sleeps at level 2 from the end of sampling until the push
    (`sleep_engine`), then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
 
-canoe.push_and_verify calls these in that order.
+training/push.py (`WeightPush`, the driver's one push call) calls these in that order.
 Differs from CANOE (docs/differences.md, D7): every weight push into vLLM is verified.
 """
 

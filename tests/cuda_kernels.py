@@ -12,7 +12,7 @@ them, what this project computes is ours to check. A backward pass counts as cal
 CUDA does not list for it would raise "not implemented for ..." on a GPU, as `int64 @ int64` (aten::dot) does.
 Ops the table does not cover are listed in NOT_IN_TABLE with why CUDA has them for every dtype we use.
 
-The script runs one push of each kind with the trainer's own `WeightPush` (plumbing/push.py) and one training
+The script runs one push of each kind with the trainer's own `WeightPush` (training/push.py) and one training
 step's loss and backward (training/packing.py, grpo_loss.py) under `DeviceOps`, and prints one JSON line: every
 recorded (op, dtypes) with the place that called it, and those CUDA lacks.
 """
@@ -199,7 +199,7 @@ def main(model_dir: str, dtype_name: str, kind: str) -> None:
 
     import rollout
     from config import Config
-    from plumbing.push import WeightPush
+    from training.push import WeightPush
 
     runtime.single_process_defaults()
     dtype = getattr(torch, dtype_name)

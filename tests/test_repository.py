@@ -30,7 +30,7 @@ def test_nothing_points_outside_the_repository():
 
 
 # The design card's files at the top; everything else in a package named for what it holds.
-CARD = {"canoe", "config", "data", "grpo_loss", "rewards", "rollout"}
+CARD = {"canoe", "config", "data", "grpo_loss", "rewards", "rollout", "variants"}
 PACKAGES = ("grading", "plumbing", "evaluation", "synthetic", "training")
 # What each part may import besides itself, from the bottom up: grading and plumbing stand alone, the card's files
 # use them, evaluation and the data generator use the card, the driver's helpers use all of that, and the driver
@@ -99,9 +99,9 @@ def test_no_import_cycle():
 
 
 def test_the_driver_stays_a_driver():
-    """canoe.py reads top to bottom: at most 600 lines, and the training step at most 80 (the command line, the
-    set-up checks and the optimizer settings live in training/, the LoRA wiring in plumbing/lora.py)."""
+    """canoe.py reads top to bottom: at most 600 lines, and the training step at most 45 (the command line, the
+    set-up checks, the optimizer settings and the push live in training/, the variants in variants.py)."""
     source = (ROOT / "canoe.py").read_text()
     assert len(source.splitlines()) <= 600
     (step,) = [node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name == "train_step"]
-    assert step.end_lineno - step.lineno + 1 <= 80
+    assert step.end_lineno - step.lineno + 1 <= 45

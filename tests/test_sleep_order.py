@@ -35,7 +35,7 @@ import data
 import rollout
 from plumbing import weight_sync
 from config import Config
-from plumbing.push import WeightPush
+from training.push import WeightPush
 from variants import Variants
 
 VOCAB = 64

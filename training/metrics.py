@@ -99,7 +99,7 @@ class Step:
     kept: torch.Tensor  # (N,) bool, the sequences that entered the loss
     losses: list[tuple[torch.Tensor, dict]]  # (loss, grpo_loss metrics) per micro-batch and pass
     batches: list  # the micro-batches (their masks, π_old and vLLM's log-probabilities)
-    pushed: dict[str, float]  # the push's sync/ and time/ metrics (plumbing/push.py)
+    pushed: dict[str, float]  # the push's sync/ and time/ metrics (training/push.py)
 
 
 GLOBAL_KEYS = {"loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
