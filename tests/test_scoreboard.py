@@ -3,6 +3,7 @@ checkpoint, and one whole board on the smoke model (twice: the second reads ever
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 import json
 import re
@@ -248,3 +249,21 @@ def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "merging" not in again.stdout and again.stdout.count("from the cache") == 14  # 7 files × 2 sides
     assert json.loads((policy.parent / "scoreboard.json").read_text())["table"] == report["table"]
+
+
+def test_the_pooled_difference_widens_with_the_spread_between_seeds():
+    """bench/pool_seeds.py: seeds that disagree (one policy right on every item, one wrong on every item, against a
+    base right on half) pool to a difference of 0 whose interval holds both seeds' ±50 points, since draws that
+    take one seed twice are as likely as draws that take both; seeds that agree pool to their own interval."""
+    spec = importlib.util.spec_from_file_location("pool_seeds", ROOT / "bench" / "pool_seeds.py")
+    pool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pool)
+    assert doctest.testmod(pool).failed == 0
+    base = {"em": hits(100, 200)}
+    em = sb.mean_of("em", 100.0)
+    estimate, lo, hi = pool.pooled_bootstrap([{"em": hits(200, 200)}, {"em": hits(0, 200)}], base, em, draws=2000)
+    assert estimate == 0.0 and lo <= -45 and hi >= 45
+    agree = [{"em": hits(150, 200)}] * 3
+    pooled = pool.pooled_bootstrap(agree, base, em, draws=2000)
+    single = sb.bootstrap(agree[0], base, em, draws=2000)["difference"]
+    assert pooled[0] == single[0] == 25.0 and abs(pooled[1] - single[1]) < 2 and abs(pooled[2] - single[2]) < 2

@@ -1,0 +1,100 @@
+"""One configuration's scoreboard over several seeds: each seed's paired difference against the plain base, and the
+difference pooled over the seeds, with items and seeds resampled together.
+
+    .venv/bin/python bench/pool_seeds.py --benchmarks DIR RUN_A/.../scoreboard.predictions.jsonl RUN_B/... RUN_C/...
+
+Each file is what bench/scoreboard.py wrote beside a policy (both sides' outputs, item by item); the plain base is
+the same model and prompt for every seed (greedy, so its outputs are the same). The pooled difference is the mean
+over seeds of (policy − plain). Its interval is a bootstrap in which each draw takes S seeds with replacement and
+n items with replacement, the same items for every seed and both sides: the spread between seeds and the spread
+between items both widen it (`pooled_bootstrap`). Prints one table, rows and metrics as the scoreboard's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+_spec = importlib.util.spec_from_file_location("scoreboard", ROOT / "bench" / "scoreboard.py")
+scoreboard = importlib.util.module_from_spec(_spec)
+sys.modules["scoreboard"] = scoreboard  # its dataclasses look their module up there
+_spec.loader.exec_module(scoreboard)
+
+
+def pooled_bootstrap(policies: list[dict[str, np.ndarray]], base: dict[str, np.ndarray],
+                     stat: Callable[[dict[str, np.ndarray]], np.ndarray], *, draws: int = scoreboard.DRAWS,
+                     seed: int = 0) -> list[float]:
+    """[estimate, lo, hi] of mean over seeds of stat(policy_s) − stat(base): the 95 % percentile interval over
+    `draws` resamples of the seeds and, jointly, of the n items (every array (n,)).
+
+    >>> same = {"em": np.array([1.0, 0.0, 1.0, 1.0])}
+    >>> pooled_bootstrap([same, same], same, scoreboard.mean_of("em", 1.0), draws=100)
+    [0.0, 0.0, 0.0]
+    """
+    S, n = len(policies), len(next(iter(base.values())))
+    rng = np.random.default_rng(seed)
+    seeds = rng.integers(0, S, size=(draws, S))  # (draws, S)
+    items = rng.integers(0, n, size=(draws, n))  # (draws, n)
+    plain = stat({k: v[items] for k, v in base.items()})  # (draws,)
+    per_seed = np.stack([stat({k: v[items] for k, v in p.items()}) for p in policies], axis=1)  # (draws, S)
+    drawn = np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1) - plain  # (draws,)
+    estimate = float(np.mean([stat(p) for p in policies]) - stat(base))
+    lo, hi = np.percentile(drawn, [2.5, 97.5])
+    return [estimate, float(lo), float(hi)]
+
+
+def read_predictions(path: Path) -> dict[str, dict[str, list[str]]]:
+    """file name → {"policy": outputs, "plain": outputs}, in item order."""
+    sides: dict[str, dict[str, list[str]]] = defaultdict(lambda: {"policy": [], "plain": []})
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        sides[row["file"]]["policy"].append(row["policy"])
+        sides[row["file"]]["plain"].append(row["plain"])
+    return dict(sides)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("predictions", nargs="+", type=Path, help="scoreboard.predictions.jsonl, one per seed")
+    parser.add_argument("--benchmarks", type=Path, help="the folder the scoreboards read (--benchmarks)")
+    parser.add_argument("--draws", type=int, default=scoreboard.DRAWS)
+    args = parser.parse_args(argv)
+    targets = scoreboard.decision_set(args.benchmarks)
+    runs = [read_predictions(path) for path in args.predictions]
+    if any(run[name]["plain"] != runs[0][name]["plain"] for run in runs for name in run):
+        raise SystemExit("error: the plain base's outputs differ between these files: not one configuration's seeds "
+                         "scored against one base")
+    hits: dict[str, list[dict]] = {}  # file → per seed {"policy": hits, "plain": hits}
+    for target in targets:
+        items, _ = scoreboard.read_items(target)
+        hits[target.name] = [{side: scoreboard.per_item_hits(target, items, run[target.name][side])
+                              for side in ("policy", "plain")} for run in runs if target.name in run]
+    print(f"{'file':<12}{'metric':<10}" + "".join(f"{'seed ' + str(i + 1):>24}" for i in range(len(runs)))
+          + f"{'pooled':>24}")
+    for row, files, metrics in scoreboard.ROWS:
+        if not all(len(hits.get(f, [])) == len(runs) for f in files):
+            continue
+        percent = not row.startswith(("synthetic", "heldout"))
+        pooled = [{side: {k: np.concatenate([hits[f][s][side][k] for f in files]) for k in hits[files[0]][s][side]}
+                   for side in ("policy", "plain")} for s in range(len(runs))]
+        for metric in metrics:
+            stat = scoreboard.statistic(metric, percent)
+            each = [scoreboard.bootstrap(p["policy"], p["plain"], stat, draws=args.draws)["difference"] for p in pooled]
+            total = pooled_bootstrap([p["policy"] for p in pooled], pooled[0]["plain"], stat, draws=args.draws)
+            print(f"{row:<12}{metric:<10}" + "".join(f"{scoreboard.fmt(d, percent):>24}" for d in each)
+                  + f"{scoreboard.fmt(total, percent):>24}")
+    print("(policy − plain, 95 % bootstrap intervals; pooled: seeds and items resampled together)")
+
+
+if __name__ == "__main__":
+    main()
