@@ -180,9 +180,8 @@ def setup(cfg: Config, *, resume: bool) -> Run:
 def load_policy(model: str, dtype: torch.dtype):
     """The policy's weights, loaded straight in the training dtype (every rank loads its own copy).
 
-    DeepSpeed casts the parameters to bfloat16 anyway, and only them (deepspeed/runtime/engine.py,
-    `DeepSpeedEngine._configure_distributed_model` calls `_cast_module_mixed_precision`: "Cast params only; preserve
-    fp32 buffers"); its float32 master weights are made from those bfloat16 parameters. Loading in bfloat16 gives
+    DeepSpeed casts the parameters, and only them, to bfloat16 anyway (docs/library-notes.md, "bfloat16 mode and
+    LoRA"); its float32 master weights are made from those bfloat16 parameters. Loading in bfloat16 gives
     the same parameters and the same float32 buffers (transformers computes the rotary tables in float32 whatever
     the dtype; tests/test_config.py checks it), and a rank does not hold 4 bytes per parameter on the host before
     the cast: 59 GB for Qwen2.5-14B, 8 ranks at once on an 8-GPU node. On the CPU the dtype is float32.

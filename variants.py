@@ -80,13 +80,13 @@ ADVANTAGE_RULES: dict[str, Callable[..., Tensor]] = {
 # DAPO's masks: which sequences enter the loss
 
 
-def trained_sequences(flat: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,
+def trained_sequences(zero_variance: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,
                       skip_zero_variance_groups: bool = False) -> Tensor:
     """`(N,)` bool: which sequences enter the loss. Both options come from DAPO (Yu et al. 2025, arXiv 2503.14476):
 
     - `mask_truncated`: a completion cut off by the token limit (`truncated`, `(N,)` bool) has no end, so its
       reward judges an unfinished text; it gets no loss ("overlong filtering").
-    - `skip_zero_variance_groups`: a group whose advantages are all equal (`flat`, `(B,)` bool) gives only the KL
+    - `skip_zero_variance_groups`: a group whose advantages are all equal (`zero_variance`, `(B,)` bool) gives only the KL
       term something to train on; all G of its sequences leave the loss (dynamic sampling also redraws them).
 
     The caller zeroes the mask rows of dropped sequences and counts only the kept ones in the loss denominators,
@@ -96,14 +96,15 @@ def trained_sequences(flat: Tensor, group_size: int, truncated: Tensor, *, mask_
     ...                   mask_truncated=True, skip_zero_variance_groups=True)
     tensor([False, False, False,  True])
     """
-    if flat.dim() != 1 or truncated.shape != (len(flat) * group_size,):
-        raise ValueError(f"flat must be (B,) and truncated (B·G,) with G = {group_size}, got {tuple(flat.shape)} "
+    if zero_variance.dim() != 1 or truncated.shape != (len(zero_variance) * group_size,):
+        raise ValueError(f"zero_variance must be (B,) and truncated (B·G,) with G = {group_size}, got "
+                         f"{tuple(zero_variance.shape)} "
                          f"and {tuple(truncated.shape)}")
     kept = torch.ones(truncated.shape, dtype=torch.bool, device=truncated.device)  # (N,)
     if mask_truncated:
         kept &= ~truncated.bool()
     if skip_zero_variance_groups:
-        kept &= ~flat.bool().repeat_interleave(group_size)  # (N,)
+        kept &= ~zero_variance.bool().repeat_interleave(group_size)  # (N,)
     return kept
 
 
@@ -111,21 +112,21 @@ def trained_sequences(flat: Tensor, group_size: int, truncated: Tensor, *, mask_
 # DAPO's dynamic sampling: groups that teach nothing are replaced by groups of newly drawn prompts
 
 
-def refills(flat: Tensor, varied: Tensor) -> list[tuple[int, int]]:
-    """(slot, source) pairs: the i-th flat group of the batch (`flat`, (B,) bool) is replaced by the i-th varied
-    group of a new draw (`varied`, (B,) bool), as far as the varied groups go.
+def refills(zero_variance: Tensor, varied: Tensor) -> list[tuple[int, int]]:
+    """(slot, source) pairs: the i-th zero-variance group of the batch (`zero_variance`, (B,) bool) is replaced by
+    the i-th varied group of a new draw (`varied`, (B,) bool), as far as the varied groups go.
 
     >>> refills(torch.tensor([True, False, True]), torch.tensor([False, True, True]))
     [(0, 1), (2, 2)]
     """
-    return list(zip(flat.nonzero().flatten().tolist(), varied.nonzero().flatten().tolist()))
+    return list(zip(zero_variance.nonzero().flatten().tolist(), varied.nonzero().flatten().tolist()))
 
 
-def dynamic_sampling(rollout: Callable, draws: int, flat: Callable[[Tensor], Tensor]) -> Callable:
+def dynamic_sampling(rollout: Callable, draws: int, zero_variance: Callable[[Tensor], Tensor]) -> Callable:
     """`rollout(run, draw)` → a batch (rollout.Rollout) wrapped so that, while some rank holds a group whose
-    advantages are all equal (`flat(scores)`, (B,) bool) and fewer than `draws` extra draws were made, every rank
-    draws its next B prompts, samples and scores them, and each flat group is replaced, in order, by a new group
-    that is not flat (`refills`). Groups still flat after `draws` draws stay. The ranks draw together, so their
+    advantages are all equal (`zero_variance(scores)`, (B,) bool) and fewer than `draws` extra draws were made,
+    every rank draws its next B prompts, samples and scores them, and each such group is replaced, in order, by a
+    new group whose advantages vary (`refills`). Groups still without variance after `draws` draws stay. The ranks draw together, so their
     samplers stay in step (and a checkpoint resumes them). Logs `rollout/extra_draws`, `rollout/replaced_groups`.
     """
 
@@ -133,13 +134,13 @@ def dynamic_sampling(rollout: Callable, draws: int, flat: Callable[[Tensor], Ten
         batch = rollout(run, draw)
         extra = replaced = 0
         for draw in range(1, draws + 1):
-            holes = flat(batch.scores)  # (B,)
+            holes = zero_variance(batch.scores)  # (B,)
             (anyone,) = all_reduce_values([float(holes.any())], op=dist.ReduceOp.MAX)
             if not anyone:
                 break
             extra += 1
             fresh = rollout(run, draw)
-            pairs = refills(holes, ~flat(fresh.scores))
+            pairs = refills(holes, ~zero_variance(fresh.scores))
             batch = batch.refilled(fresh, pairs)
             replaced += len(pairs)
         return dataclasses.replace(batch, metrics={"rollout/extra_draws": extra, "rollout/replaced_groups": replaced})
@@ -177,7 +178,7 @@ class Variants:
         """`(N,)` advantages of the per-reward scores `(N, R)` under the configured rule."""
         return self.advantage_rule(scores, weights, group_size, self.advantage_eps, self.advantage_std)
 
-    def flat(self, scores: Tensor, weights: Tensor, group_size: int) -> Tensor:
+    def zero_variance(self, scores: Tensor, weights: Tensor, group_size: int) -> Tensor:
         """`(B,)` bool: the groups whose advantages are all equal, which teach nothing but the KL."""
         return zero_variance_groups(self.advantages(scores, weights, group_size), group_size)
 
@@ -192,4 +193,4 @@ class Variants:
         """`rollout` itself, or wrapped in dynamic sampling when `dynamic_sampling_draws` > 0."""
         if not self.dynamic_sampling_draws:
             return rollout
-        return dynamic_sampling(rollout, self.dynamic_sampling_draws, lambda s: self.flat(s, weights, group_size))
+        return dynamic_sampling(rollout, self.dynamic_sampling_draws, lambda s: self.zero_variance(s, weights, group_size))

@@ -307,25 +307,14 @@ def base_weights(model: PeftModel, zero_stage: int) -> Iterator[tuple[str, torch
 class AdapterPush:
     """The adapters themselves pushed into vLLM's LoRA support, so that no update is lost to rounding in W + s·B·A.
 
-    vLLM computes W·x + s·B·(A·x) with the adapter kept apart from W (`LLM(enable_lora=True)`, rollout.make_engine),
-    so an update too small to change a bfloat16 W reaches the samples exactly (a merged push delivers it only on
-    average over pushes, `MergedPush`). Each push writes the adapter in PEFT's format into a folder of this rank's
-    and loads it as a NEW adapter id: vLLM loads an id once and then only reuses it (vllm/lora/worker_manager.py,
-    `LRUCacheWorkerLoRAManager.add_adapter`: an id already in the cache is not read again unless `load_inplace`,
-    and `load_inplace` would re-read the folder at every scheduler step, since the adapters of a batch are
-    applied with add_adapter on each model run, `LRUCacheWorkerLoRAManager._apply_adapters`). The engine keeps
-    one adapter (max_loras and max_cpu_loras 1, vllm/config/lora.py, `LoRAConfig` and
-    `LoRAConfig._validate_lora_config`), so loading the new one evicts the previous one (worker_manager.py,
-    `LRUCacheWorkerLoRAManager.add_adapter`); the push checks that the engine holds exactly the new id, and that
-    its LoRA slot holds the adapter's values bit for bit (`check_adapter`), and raises WeightSyncError otherwise.
-    Every request then names it (`request`, passed as `lora_request` to `LLM.generate`). The LoRA slots are
-    allocated while the model loads, in the "weights" memory pool (vllm/v1/worker/gpu_worker.py,
-    `Worker.load_model`, and the model runner's `load_lora_model`, called from gpu_model_runner.py,
-    `GPUModelRunner.load_model`), so a level-2 sleep discards them with the weights; the new
-    id is activated into its slot when it is added, after the weights are woken (push.WeightPush's order),
-    so the slot is rewritten then. With LoRA in vLLM the adapter's own values are held in the engine's dtype
-    (lora_dtype "auto", vllm/config/lora.py, `LoRAConfig.verify_with_model_config`): relative rounding of the
-    adapter, not of W + s·B·A.
+    vLLM computes W·x + s·B·(A·x) with the adapter apart from W (`LLM(enable_lora=True)`, rollout.make_engine), so an
+    update too small to change a bfloat16 W reaches the samples exactly. Each push writes the adapter in PEFT's
+    format into this rank's folder and loads it under a NEW id, because vLLM reads an id once and then reuses it;
+    the engine keeps one adapter, so the new one evicts the old. The push then checks that the engine holds exactly
+    the new id and that its LoRA slot holds the adapter bit for bit (`check_adapter`), and every request names it
+    (`request`). The slots live with the weights, so a level-2 sleep discards them; the new id is loaded after the
+    weights are woken (push.WeightPush's order). vLLM holds the adapter in the engine's dtype. Where vLLM does
+    each of these: docs/library-notes.md, "The adapter push".
     """
 
     def __init__(self, folder):
@@ -371,11 +360,9 @@ class AdapterPush:
 
 def adapter_sums(model: PeftModel, state: dict[str, torch.Tensor], dtype: torch.dtype) -> weight_sync.WeightSums | None:
     """The WeightSums of the adapter `state` (`adapter_state`) as vLLM holds it once loaded: A cast to the engine's
-    LoRA dtype; B cast, then multiplied by its layer's scaling in that dtype, as vLLM folds s into B
-    (vllm/lora/lora_model.py, `LoRAModel.from_lora_tensors`, casts to `lora_dtype`, the model's dtype by default,
-    vllm/config/lora.py, `LoRAConfig.verify_with_model_config`; vllm/lora/lora_weights.py,
-    `LoRALayerWeights.optimize` and `PackedLoRALayerWeights.optimize`, multiply when s != 1). None when an adapter
-    is not a linear layer's (an embedding's), which the check does not cover."""
+    dtype; B cast, then multiplied by its layer's scaling in that dtype, as vLLM folds s into B (docs/library-notes.md,
+    "The adapter push"). None when an adapter is not a linear layer's (an embedding's), which the check does not
+    cover."""
     scalings = {hf_name(name): module.scaling for name, module in model.named_modules() if isinstance(module, LoraLayer)}
     sums = weight_sync.WeightSums()
     for name, tensor in state.items():
@@ -390,9 +377,8 @@ def adapter_sums(model: PeftModel, state: dict[str, torch.Tensor], dtype: torch.
 
 def _engine_adapter_sums_worker(worker, lora_id: int) -> weight_sync.WeightSums | None:
     """In the worker: the WeightSums of the LoRA slot that holds `lora_id`, every module's stacked A and B of that
-    slot, each slice (q, k, v of qkv_proj) apart (vllm/lora/layers/base_linear.py, `lora_a_stacked`,
-    `lora_b_stacked`: (slots, 1, rank, in) and (slots, 1, out, max rank), zero beyond the adapter's own rank;
-    vllm/lora/model_manager.py, `LoRAModelManager.lora_index_to_id` and `modules`). None if no slot holds it."""
+    slot, each slice (q, k, v of qkv_proj) apart; None if no slot holds it (docs/library-notes.md, "The adapter
+    push")."""
     manager = worker.model_runner.lora_manager._adapter_manager
     if lora_id not in manager.lora_index_to_id:
         return None

@@ -104,11 +104,9 @@ VLLM_CPU_DISPATCH = vllm_layer_utils.dispatch_cpu_unquantized_gemm
 def keep_cpu_linear_weights(packed: bool = True) -> None:
     """Make vLLM's CPU backend keep its linear weights as ordinary parameters, so that a push can reach them.
 
-    At load time vLLM's CPU backend hands every 2-D linear weight to `dispatch_cpu_unquantized_gemm`
-    (vllm/model_executor/layers/utils.py, called from `UnquantizedLinearMethod.process_weights_after_loading` in
-    layers/linear.py with `remove_weight=True`, and for the output embedding from vocab_parallel_embedding.py),
-    which builds a packed oneDNN or SGL kernel from a *copy* of the weight and, by default, replaces the
-    parameter by an empty tensor. `reload_weights` then loads new values that no kernel reads: the push
+    At load time vLLM's CPU backend hands every 2-D linear weight to `dispatch_cpu_unquantized_gemm`, which builds
+    a packed oneDNN or SGL kernel from a *copy* of the weight and, by default, replaces the parameter by an empty
+    tensor (docs/library-notes.md, "Packed CPU kernels"). `reload_weights` then loads new values that no kernel reads: the push
     "succeeds" and generation goes on from the old weights (measured here: 2.4 nats of disagreement after one
     perturbed push).
 
@@ -275,8 +273,7 @@ class WeightSums:
     Each value is read as the signed integer of its bits (a bfloat16 as an int16, a float32 as an int32), so the
     sums are exact and the pushed tensors, cast to the engine's dtype, sum to what the engine holds exactly when
     every value landed bit for bit. vLLM holds some weights fused (q, k and v in one `qkv_proj`, gate and up in one
-    `gate_up_proj`) and pads the vocabulary rows of the embedding with zeros at every load
-    (vllm/model_executor/layers/vocab_parallel_embedding.py, `VocabParallelEmbedding.weight_loader`), so its
+    `gate_up_proj`) and pads the vocabulary rows of the embedding with zeros at every load, so its
     parameters are not the pushed tensors one for one; the sums are ones that row-wise fusion and zero rows (whose
     bits are 0) leave unchanged: `total` = Σ bits over every value, and `placed` = Σ (1 + layer) · c_j · bits[i, j]
     over the matrices, where j is the column (c_j = 1 + j mod 97) and `layer` the decoder layer its name holds
@@ -376,9 +373,8 @@ def check_weight_sums(pushed: WeightSums, engine: WeightSums) -> float:
     step of one weight of an 8B model moves `total`. `placed` moves when a matrix landed transposed or in another
     layer's place. What it cannot detect: an engine that computes wrongly from the right weights (stale packed CPU
     kernels, an adapter applied wrongly) and weights vLLM holds outside the sums' scope; the probe (`check_sync`)
-    covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not parameters
-    (vllm/lora/layers/base_linear.py, `BaseLinearLayerWithLoRA.create_lora_weights`), so with the adapter pushed
-    apart the sums cover W; the adapter's own values are checked in vLLM's LoRA slot (lora.check_adapter).
+    covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not parameters, so with the adapter
+    pushed apart the sums cover W; the adapter's own values are checked in vLLM's LoRA slot (lora.check_adapter).
     """
     if (pushed.total, pushed.placed) != (engine.total, engine.placed):
         raise WeightSyncError(
@@ -401,13 +397,10 @@ def sleep_engine(llm, enabled: bool) -> None:
     """Give vLLM's memory to the trainer after sampling: sleep at level 2, which unmaps the weights and the KV cache.
 
     The engine stays asleep through the update; `wake_weights`, the push and `wake_kv_cache` follow, in that order,
-    so that weights are only ever written into mapped memory. Level 2 rather than 1: at level 1 vLLM copies every
-    weight allocation to a host buffer at each sleep and copies it back at wake-up (vllm/device_allocator/cumem.py,
-    `CuMemAllocator.sleep` and `CuMemAllocator.wake_up`; vllm/device_allocator/sleep_mode_backend.py,
-    `CuMemBackend.suspend`), about 15 GiB each way per rank and step for an 8B model in bfloat16, and what comes
-    back is the pre-update copy that the push overwrites in full. At level 2 only the module buffers (rotary tables)
-    are kept on the host and put back when the weights wake (vllm/v1/worker/gpu_worker.py, `Worker.sleep` and
-    `Worker.wake_up`); every parameter is pushed.
+    so that weights are only ever written into mapped memory. Level 2 rather than 1: level 1 copies every weight
+    to the host at each sleep and back at wake-up, about 15 GiB each way per rank and step for an 8B model in
+    bfloat16, only for the push to overwrite it. At level 2 only the module buffers (rotary tables) are kept and put
+    back when the weights wake; every parameter is pushed (docs/library-notes.md, "Sleep levels").
     """
     if enabled:
         llm.sleep(level=2)

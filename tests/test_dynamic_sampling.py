@@ -112,6 +112,6 @@ def test_a_group_is_flat_when_its_advantages_are_all_equal(rule):
                                                  ([1.0, 0.0], [False, True, True])]}[rule]:
         weights = torch.tensor(weights)
         advantages = chosen.advantages(scores, weights, 2).reshape(3, 2)  # (B, G)
-        assert chosen.flat(scores, weights, 2).tolist() == flat
+        assert chosen.zero_variance(scores, weights, 2).tolist() == flat
         for group, is_flat in enumerate(flat):  # flat: the group's advantages are equal; else they differ
             assert (advantages[group, 0] == advantages[group, 1]) == is_flat

@@ -451,7 +451,7 @@ def test_zero_variance_groups_and_trained_sequences():
     assert torch.equal(trained_sequences(flat, 2, truncated, mask_truncated=True,
                                                    skip_zero_variance_groups=True),
                        torch.tensor([False, False, False, True, False, False]))
-    with pytest.raises(ValueError, match="flat must be"):
+    with pytest.raises(ValueError, match="zero_variance must be"):
         trained_sequences(flat, 2, truncated[:4])
     # per reward: scores (N, R) give (B, R), as signal/<name> counts the groups in which each reward varies
     scores = torch.stack([rewards, torch.tensor([0.0, 1.0, 2.0, 2.0, 5.0, 4.0])], dim=1)  # (6, 2)
@@ -467,12 +467,12 @@ def test_skipped_groups_under_normalize_then_sum_are_those_without_advantages():
     weights = torch.ones(3)
     advantages = decoupled_advantages(per_reward, weights, 4)  # (N,)
     assert advantages[:4].abs().min() > 0.1 and torch.equal(advantages[4:], torch.zeros(4))
-    flat = Variants.create(Config(advantage_rule="normalize_then_sum")).flat(per_reward, weights, 4)
+    flat = Variants.create(Config(advantage_rule="normalize_then_sum")).zero_variance(per_reward, weights, 4)
     kept = trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
     assert torch.equal(kept, torch.tensor([True] * 4 + [False] * 4))
     # under CANOE's sum_then_normalize both groups have advantages 0 and both leave
     assert torch.equal(grpo_loss.group_advantages(per_reward @ weights, 4), torch.zeros(8))
-    flat = Variants.create(Config()).flat(per_reward, weights, 4)
+    flat = Variants.create(Config()).zero_variance(per_reward, weights, 4)
     kept = trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
     assert not kept.any()
 
