@@ -146,11 +146,12 @@ def check_run(run: Path, steps: int) -> None:
             assert s["stage2_problem"] is None and s["stage2_completion"] is None
 
 
-# The two uninterrupted runs that several tests read (trained once each): full fine-tuning (CANOE's step, no
-# variant) and LoRA, one rank, ZeRO-2, 4 steps with a checkpoint every 2 (test_resume_reproduces_uninterrupted_run
-# interrupts the same run). The LoRA run samples dynamically (it draws again), so its resumed run must redraw that too.
+# The uninterrupted runs that several tests read (trained once each), one rank, ZeRO-2, 4 steps with a checkpoint
+# every 2: full fine-tuning (CANOE's step, no variant), the same with dynamic sampling (its step 2 draws again), and
+# LoRA. test_resume_reproduces_uninterrupted_run interrupts the last two, so a resumed run must redraw as it did.
 STRAIGHT = {"full": {"max_steps": 4, "save_every": 2, "tensorboard": True},
-            "lora": {"max_steps": 4, "save_every": 2, "lora_rank": 8, "lora_alpha": 16.0, "dynamic_sampling_draws": 2}}
+            "dynamic": {"max_steps": 4, "save_every": 2, "dynamic_sampling_draws": 2},
+            "lora": {"max_steps": 4, "save_every": 2, "lora_rank": 8, "lora_alpha": 16.0}}
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +179,7 @@ def test_one_rank_zero2(straight_runs):
 
 
 def test_dynamic_sampling_draws_again_and_the_sampler_counts_every_draw(straight_runs):
-    folder, _ = straight_runs("lora")
+    folder, _ = straight_runs("dynamic")
     metrics = read_jsonl(folder / "run" / "metrics.jsonl")
     draws, replaced = (sum(m[key] for m in metrics) for key in ("rollout/extra_draws", "rollout/replaced_groups"))
     assert draws > 0 and 0 < replaced <= 2 * draws  # 2 prompts a step (smoke.toml: 1 × 2 accumulation steps)
@@ -200,7 +201,7 @@ def test_two_ranks(tmp_path, smoke_data, stage, lora_rank):
 # How each STRAIGHT run is interrupted before it is resumed and compared with the uninterrupted one (tests/faults.py):
 # the LoRA run dies right after checkpoint 2 is published, the full run while checkpoint 4 is being written, so that
 # its latest complete checkpoint is step 2's.
-INTERRUPTIONS = {"full": "mid_checkpoint_4", "lora": "after_step_2"}
+INTERRUPTIONS = {"dynamic": "mid_checkpoint_4", "lora": "after_step_2"}
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +227,7 @@ def resumed_runs(tmp_path_factory, smoke_data):
     return get
 
 
-@pytest.mark.parametrize("name", ["full", "lora"])
+@pytest.mark.parametrize("name", ["dynamic", "lora"])
 def test_resume_reproduces_uninterrupted_run(straight_runs, resumed_runs, name):
     straight, _ = straight_runs(name)
     resumed, left = resumed_runs(name)
@@ -271,7 +272,7 @@ def test_lora_one_rank_zero2(straight_runs):
 
 
 def test_crash_mid_checkpoint_leaves_previous_checkpoint_usable(resumed_runs):
-    folder, left = resumed_runs("full")  # died while checkpoint 4 was written (INTERRUPTIONS)
+    folder, left = resumed_runs("dynamic")  # died while checkpoint 4 was written (INTERRUPTIONS)
     assert left["returncode"] != 0
     assert left["latest"] == "step-000002"
     assert "step-000004.tmp" in left["folders"] and "step-000004" not in left["folders"]
