@@ -262,7 +262,7 @@ def policy_weights(model: torch.nn.Module, zero_stage: int, merged_push: MergedP
                    changed_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (Hugging Face name, full tensor) of every weight of the policy, as vLLM and a model folder hold them.
 
-    Every adapted module's merged weight W + s·B·A (`merged_weights`, rounded by `merged_push` outside float32) and
+    Every adapted module's merged weight W + s·B·A (`merged_weights`, measured by `merged_push` outside float32) and
     every other parameter as it is, under the base model's names; the adapters themselves are not yielded. With
     `changed_only` (a PEFT model) only what training changes and what vLLM fuses with it (`changed_modules`). Under
     ZeRO-3 one module at a time is gathered, and every rank must consume the iterator in step (a gather is a
