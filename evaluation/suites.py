@@ -26,7 +26,6 @@ ps + po = 0, which is the official value in that case too.
 
 from __future__ import annotations
 
-import json
 import re
 import string
 from collections.abc import Sequence
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data import DataError
+from data import DataError, load_records, read_json_list
 
 # --------------------------------------------------------------------------------------------------------------
 # Prompts
@@ -306,20 +305,9 @@ _READERS = {
 def read_records(path: str | Path, split: str = "test") -> list[dict]:
     """The records of a suite file: a JSON list (as the official scripts read ConFiQA, CNQ and FollowRAG), or,
     for FaithEval from the hub, anything `data.load_records` reads (parquet, JSONL, a `save_to_disk` folder)."""
-    path = Path(path)
-    if path.suffix.lower() == ".json":
-        try:
-            records = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise DataError(f"{path}: data file not found") from None
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
-        if not isinstance(records, list):
-            raise DataError(f"{path}: expected a JSON list of records, got {type(records).__name__}")
-        return records
-    from data import load_records  # parquet and saved datasets go through the `datasets` library
-
-    return load_records(path, split=split)
+    if Path(path).suffix.lower() == ".json":
+        return read_json_list(path)
+    return load_records(path, split=split)  # parquet and saved datasets go through the `datasets` library
 
 
 def read_suite(suite: str, path: str | Path) -> list[Item]:
