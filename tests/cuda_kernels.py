@@ -203,29 +203,24 @@ def main(model_dir: str, dtype_name: str, kind: str) -> None:
 
     runtime.single_process_defaults()
     dtype = getattr(torch, dtype_name)
-    cfg = Config(dtype=dtype_name, lora_rank=8 if kind == "adapter" else 0)
     llm = rollout.make_engine(model_dir, dtype=dtype_name, seed=0, max_model_len=256, gpu_memory_utilization=0.5,
                               enable_sleep_mode=False, lora_rank=8 if kind == "adapter" else 0)
     vocab = AutoModelForCausalLM.from_pretrained(model_dir).config.vocab_size
     probe = ([(7 * i + 3) % vocab for i in range(24)], [(11 * i + 5) % vocab for i in range(16)])
 
-    def pusher(**way) -> WeightPush:  # as WeightPush.create makes it for this dtype
-        return WeightPush(llm, probe, cfg.push_tolerance(dtype), 2,
-                          sums_dtype=None if dtype == torch.float32 else dtype, **way)
+    def pusher(lora_rank: int, adapter: bool = False) -> WeightPush:  # the trainer's own choice of way, for dtype
+        return WeightPush.create(Config(dtype=dtype_name, lora_rank=lora_rank), llm, probe, dtype, adapter=adapter,
+                                 sleep=False, folder=Path(tempfile.mkdtemp()))
 
     recorder, pushed = DeviceOps(), {}
     if kind == "adapter":
-        from plumbing import lora
-
         with recorder:
-            pushed["adapter"] = pusher(adapter=lora.AdapterPush(tempfile.mkdtemp()))(perturbed_lora(model_dir, dtype))
+            pushed["adapter"] = pusher(8, adapter=True)(perturbed_lora(model_dir, dtype))
     else:
-        from plumbing import lora
-
         full = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         with recorder:
-            pushed["full"] = pusher()(full)
-            pushed["merged"] = pusher(merged=lora.MergedPush())(perturbed_lora(model_dir, dtype))
+            pushed["full"] = pusher(0)(full)
+            pushed["merged"] = pusher(8)(perturbed_lora(model_dir, dtype))
         training_step(full.train(), vocab, recorder)
     seen = {f"{op} {','.join(dtypes)}": where for (op, dtypes), where in sorted(recorder.seen.items())}
     print("RESULT " + json.dumps({"pushed": pushed, "seen": seen, "missing": missing_kernels(recorder.seen)}),
