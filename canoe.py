@@ -94,11 +94,6 @@ class Run:
     times: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per phase of the current step
     last_step: Any = None  # the latest Step, for samples.jsonl
 
-    @property
-    def reward_weights(self) -> torch.Tensor:
-        """`(R,)` the weight of each configured reward, in the order of `cfg.rewards` (and of `score`'s columns)."""
-        return torch.tensor(list(self.cfg.rewards.values()), dtype=torch.float32)
-
 
 def setup(cfg: Config, *, resume: bool) -> Run:
     rank, world_size = init_distributed(cfg.dist_timeout_minutes)
@@ -169,9 +164,8 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     push = WeightPush.create(cfg, llm, weight_sync.make_probe(tokenizer, rows[0]["prompt_ids"]), dtype,
                              adapter=adapter, sleep=sleep, folder=out / "vllm-adapter" / f"rank-{rank}")
     variants = Variants.create(cfg)
-    weights = torch.tensor(list(cfg.rewards.values()), dtype=torch.float32)
     run = Run(cfg, rank, world_size, device, tokenizer, engine, reference, llm, rows, sampler, grader, total_steps,
-              variants, variants.rollout(rollout_batch, weights, cfg.num_generations), push, out)
+              variants, variants.rollout(rollout_batch), push, out)
     if resume:
         restore(run)
     return run
@@ -211,18 +205,17 @@ def restore(run: Run) -> None:
 
 def train_step(run: Run) -> Step:
     """One Dual-GRPO step on this rank's next batch of B prompts (N = B·G completions); returns what happened."""
-    G = run.cfg.num_generations
 
     # 1. Rollout (vLLM). Stage 1: G samples per prompt. Stage 2: each sample's long answer in place of its
     #    prompt's context, one new sample from that (None where there is no long answer to put in).
     # 2. Rewards: every configured reward function scores every completion; the total is their weighted sum.
     batch = sample_and_score(run)  # B rows, N completions, N stage-2 entries, (N, R) scores
-    rewards = batch.scores @ run.reward_weights  # (N,)
+    rewards = batch.scores @ run.variants.reward_weights  # (N,)
 
     # 3. Group-relative advantages (grpo_loss.py), and the sequences that enter the loss: all of them, unless a
     #    variant masks some (variants.py).
-    advantages = run.variants.advantages(batch.scores, run.reward_weights, G)  # (N,)
-    kept = run.variants.trained(advantages, batch.completions, G)  # (N,) bool
+    advantages = run.variants.advantages(batch.scores)  # (N,)
+    kept = run.variants.trained(advantages, batch.completions)  # (N,) bool
 
     # 4. Micro-batches, each packed into one row, and what does not change while training on this rollout:
     #    π_ref (for the KL) and π_old (the policy that sampled, for the ratio) of every sampled token.

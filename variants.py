@@ -157,6 +157,8 @@ class Variants:
     """The variants a config turns on, resolved once; CANOE's step asks it for its advantages, the sequences it
     trains on, the loss's options, the passes per rollout and the rollout itself."""
 
+    reward_weights: Tensor  # (R,) the weight of each configured reward, in the order of cfg.rewards (score's columns)
+    group_size: int  # G
     advantage_rule: Callable[..., Tensor]
     advantage_eps: float
     advantage_std: str
@@ -171,26 +173,28 @@ class Variants:
         loss = {"clip_eps_low": cfg.clip_eps_low, "clip_eps_high": cfg.clip_eps_high, "beta": cfg.beta,
                 "aggregation": cfg.aggregation, "ratio_level": cfg.ratio_level,
                 "importance_cap": cfg.importance_cap, "max_completion_tokens": cfg.max_completion_tokens}
-        return cls(ADVANTAGE_RULES[cfg.advantage_rule], cfg.advantage_eps, cfg.advantage_std, cfg.mask_truncated,
+        weights = torch.tensor(list(cfg.rewards.values()), dtype=torch.float32)  # (R,)
+        return cls(weights, cfg.num_generations, ADVANTAGE_RULES[cfg.advantage_rule], cfg.advantage_eps, cfg.advantage_std, cfg.mask_truncated,
                    cfg.skip_zero_variance_groups, cfg.num_iterations, loss, cfg.dynamic_sampling_draws)
 
-    def advantages(self, scores: Tensor, weights: Tensor, group_size: int) -> Tensor:
+    def advantages(self, scores: Tensor) -> Tensor:
         """`(N,)` advantages of the per-reward scores `(N, R)` under the configured rule."""
-        return self.advantage_rule(scores, weights, group_size, self.advantage_eps, self.advantage_std)
+        return self.advantage_rule(scores, self.reward_weights, self.group_size, self.advantage_eps,
+                                   self.advantage_std)
 
-    def zero_variance(self, scores: Tensor, weights: Tensor, group_size: int) -> Tensor:
+    def zero_variance(self, scores: Tensor) -> Tensor:
         """`(B,)` bool: the groups whose advantages are all equal, which teach nothing but the KL."""
-        return zero_variance_groups(self.advantages(scores, weights, group_size), group_size)
+        return zero_variance_groups(self.advantages(scores), self.group_size)
 
-    def trained(self, advantages: Tensor, completions: list, group_size: int) -> Tensor:
+    def trained(self, advantages: Tensor, completions: list) -> Tensor:
         """`(N,)` bool: the sequences that enter the loss (all of them unless a DAPO mask is on)."""
         truncated = torch.tensor([c.finish_reason == "length" for c in completions])  # (N,)
-        return trained_sequences(zero_variance_groups(advantages, group_size), group_size, truncated,
+        return trained_sequences(zero_variance_groups(advantages, self.group_size), self.group_size, truncated,
                                  mask_truncated=self.mask_truncated,
                                  skip_zero_variance_groups=self.skip_zero_variance_groups)
 
-    def rollout(self, rollout: Callable, weights: Tensor, group_size: int) -> Callable:
+    def rollout(self, rollout: Callable) -> Callable:
         """`rollout` itself, or wrapped in dynamic sampling when `dynamic_sampling_draws` > 0."""
         if not self.dynamic_sampling_draws:
             return rollout
-        return dynamic_sampling(rollout, self.dynamic_sampling_draws, lambda s: self.zero_variance(s, weights, group_size))
+        return dynamic_sampling(rollout, self.dynamic_sampling_draws, self.zero_variance)

@@ -48,7 +48,7 @@ def scripted(monkeypatch):
         sampler.epoch_order = lambda epoch: list(range(8))  # file order, so the script reads top to bottom
         cfg = Config(num_generations=G, prompts_per_device=B, dynamic_sampling_draws=D, rewards={"accuracy": 1.0})
         run = SimpleNamespace(cfg=cfg, rows=[{"index": i} for i in range(8)], sampler=sampler, step=0)
-        return run, variants.Variants.create(cfg).rollout(rollout, torch.tensor([1.0]), G)
+        return run, variants.Variants.create(cfg).rollout(rollout)
 
     return make_run, draws
 
@@ -104,14 +104,14 @@ def test_off_by_default_and_every_rank_draws_while_any_rank_needs_to(scripted):
 @pytest.mark.parametrize("rule", ["sum_then_normalize", "normalize_then_sum"])
 def test_a_group_is_flat_when_its_advantages_are_all_equal(rule):
     scores = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0], [0.0, 2.0], [0.0, 3.0]])  # (N = 3·2, R = 2)
-    chosen = variants.Variants.create(Config(advantage_rule=rule))
     for weights, flat in {"sum_then_normalize": [([1.0, 1.0], [True, True, False])],  # sums 1, 1 | 2, 2 | 2, 3
                           # GDPO: in group 0 both rewards vary but their advantages cancel in the sum; a reward of
                           # weight 0 gives no advantage
                           "normalize_then_sum": [([1.0, 1.0], [True, True, False]), ([0.0, 1.0], [False, True, False]),
                                                  ([1.0, 0.0], [False, True, True])]}[rule]:
-        weights = torch.tensor(weights)
-        advantages = chosen.advantages(scores, weights, 2).reshape(3, 2)  # (B, G)
-        assert chosen.zero_variance(scores, weights, 2).tolist() == flat
+        chosen = variants.Variants.create(Config(advantage_rule=rule, num_generations=2,
+                                                 rewards={"accuracy": weights[0], "format": weights[1]}))
+        advantages = chosen.advantages(scores).reshape(3, 2)  # (B, G)
+        assert chosen.zero_variance(scores).tolist() == flat
         for group, is_flat in enumerate(flat):  # flat: the group's advantages are equal; else they differ
             assert (advantages[group, 0] == advantages[group, 1]) == is_flat

@@ -467,12 +467,14 @@ def test_skipped_groups_under_normalize_then_sum_are_those_without_advantages():
     weights = torch.ones(3)
     advantages = decoupled_advantages(per_reward, weights, 4)  # (N,)
     assert advantages[:4].abs().min() > 0.1 and torch.equal(advantages[4:], torch.zeros(4))
-    flat = Variants.create(Config(advantage_rule="normalize_then_sum")).zero_variance(per_reward, weights, 4)
+    three = {"accuracy": 1.0, "format": 1.0, "influence": 1.0}
+    flat = Variants.create(Config(advantage_rule="normalize_then_sum", num_generations=4,
+                                  rewards=three)).zero_variance(per_reward)
     kept = trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
     assert torch.equal(kept, torch.tensor([True] * 4 + [False] * 4))
     # under CANOE's sum_then_normalize both groups have advantages 0 and both leave
     assert torch.equal(grpo_loss.group_advantages(per_reward @ weights, 4), torch.zeros(8))
-    flat = Variants.create(Config()).zero_variance(per_reward, weights, 4)
+    flat = Variants.create(Config(num_generations=4, rewards=three)).zero_variance(per_reward)
     kept = trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
     assert not kept.any()
 
