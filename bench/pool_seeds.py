@@ -63,6 +63,13 @@ def read_predictions(path: Path) -> dict[str, dict[str, list[str]]]:
     return dict(sides)
 
 
+def run_label(predictions: Path, index: int) -> str:
+    """"seed S" from the scoreboard.json written beside the predictions, else the file's place in the list."""
+    report = predictions.with_name("scoreboard.json")
+    seed = json.loads(report.read_text()).get("seed") if report.exists() else None
+    return f"seed {seed}" if seed is not None else f"run {index + 1}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("predictions", nargs="+", type=Path, help="scoreboard.predictions.jsonl, one per seed")
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         items, _ = scoreboard.read_items(target)
         hits[target.name] = [{side: scoreboard.per_item_hits(target, items, run[target.name][side])
                               for side in ("policy", "plain")} for run in runs if target.name in run]
-    print(f"{'file':<12}{'metric':<10}" + "".join(f"{'seed ' + str(i + 1):>24}" for i in range(len(runs)))
+    print(f"{'file':<12}{'metric':<10}" + "".join(f"{run_label(path, i):>24}" for i, path in enumerate(args.predictions))
           + f"{'pooled':>24}")
     for row, files, metrics in scoreboard.ROWS:
         if not all(len(hits.get(f, [])) == len(runs) for f in files):
