@@ -369,18 +369,19 @@ def print_table(table: dict) -> None:
     print("(95 % bootstrap intervals over items; the difference is paired; * where its interval excludes 0)")
 
 
-def results_line(table: dict, seed, dtype: str, recipe: str, copied: int, total: int) -> str:
-    """The RESULTS line: cnq500 em and contains, confiqa75 em, nq300 em, synthetic contains, each against the plain
-    base (cnq500's contains without its own interval, to keep the line short)."""
+def results_line(table: dict, seed, dtype: str, recipe: str, copied: int, total: int, against: str = "plain") -> str:
+    """The RESULTS line: cnq500 em and contains, confiqa75 em, nq300 em, synthetic contains, each against the
+    baseline, `against` (the plain base unless --plain names another prompt; cnq500's contains without its own
+    interval, to keep the line short)."""
     parts = []
     if "cnq500" in table:
         em, contains = table["cnq500"]["em"], table["cnq500"]["contains"]
-        parts.append(f"cnq500 em {fmt(em['policy'], True)} vs plain {fmt(em['difference'], True)}, "
-                     f"contains {contains['policy'][0]:.1f} vs plain {fmt(contains['difference'], True)}")
+        parts.append(f"cnq500 em {fmt(em['policy'], True)} vs {against} {fmt(em['difference'], True)}, "
+                     f"contains {contains['policy'][0]:.1f} vs {against} {fmt(contains['difference'], True)}")
     for row, metric, percent in (("confiqa75", "em", True), ("nq300", "em", True), ("synthetic", "contains", False)):
         if row in table:
             r = table[row][metric]
-            parts.append(f"{row} {metric} {fmt(r['policy'], percent)} vs plain {fmt(r['difference'], percent)}")
+            parts.append(f"{row} {metric} {fmt(r['policy'], percent)} vs {against} {fmt(r['difference'], percent)}")
     parts.append(f"example copied {copied} of {total}")
     return f"scoreboard (seed {seed}, {dtype}, {recipe}): " + "; ".join(parts)
 
@@ -481,7 +482,9 @@ def main(argv: list[str] | None = None) -> None:
     draw(table, out / "scoreboard.png", f"{model.parent.name if model.name == 'policy' else model.name} "
          f"(seed {seed}, {run_dtype}) against the plainly prompted base")
     print(f"written to {out / 'scoreboard.json'} and scoreboard.png")
-    line = results_line(table, seed, run_dtype, recipe, sum(copied.values()), total)
+    against = "plain" if Path(args.plain).resolve() == (ROOT / "recipes" / "plain-prompt.toml").resolve() \
+        else f"the base with {Path(args.plain).name}'s prompt"
+    line = results_line(table, seed, run_dtype, recipe, sum(copied.values()), total, against)
     report["results_line"] = line
     (out / "scoreboard.json").write_text(json.dumps(report, indent=1))
     print(line)

@@ -195,6 +195,9 @@ def test_the_results_line_leads_with_cnq500():
         "contains 60.4 vs plain -1.5 [-4.0, 1.1]; confiqa75 em 60.0 [49.3, 70.7] vs plain 4.0 [-6.7, 14.7]; "
         "nq300 em 16.0 [12.0, 20.3] vs plain -1.0 [-5.0, 2.7]; synthetic contains 0.700 [0.650, 0.750] vs plain "
         "-0.007 [-0.057, 0.043]; example copied 3 of 1215")
+    against = sb.results_line(table, 7, "bfloat16", "config.toml", 3, 1215, "the base with config.toml's prompt")
+    assert "cnq500 em 41.2 [37.0, 45.6] vs the base with config.toml's prompt 12.0 [8.2, 15.8]" in against
+    assert " vs plain " not in against
 
 
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
