@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
         items, _ = scoreboard.read_items(target)
         hits[target.name] = [{side: scoreboard.per_item_hits(target, items, run[target.name][side])
                               for side in ("policy", "plain")} for run in runs if target.name in run]
-    print(f"{'file':<12}{'metric':<10}" + "".join(f"{run_label(path, i):>24}" for i, path in enumerate(args.predictions))
-          + f"{'pooled':>24}")
+    labels = [run_label(path, i) for i, path in enumerate(args.predictions)]
+    print(f"{'file':<12}{'metric':<10}" + "".join(f"{label:>24}" for label in labels) + f"{'pooled':>24}")
     for row, files, metrics in scoreboard.ROWS:
         if not all(len(hits.get(f, [])) == len(runs) for f in files):
             continue

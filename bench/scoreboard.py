@@ -56,6 +56,7 @@ from config import load_config  # noqa: E402
 
 DRAWS = 10_000  # bootstrap resamples: the interval's ends move by well under a point between seeds
 CACHE = ROOT / "runs" / "scoreboard" / "cache"  # both sides' outputs, by cache_key
+PLAIN = ROOT / "recipes" / "plain-prompt.toml"  # the baseline's prompt unless --plain names another
 
 
 # ----------------------------------------------------------------------------------------------------- the set
@@ -419,7 +420,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="the policy: a checkpoint's policy/ folder or a model folder")
     parser.add_argument("--config", default=str(ROOT / "config.toml"), help="the policy's config (prompt, base model)")
-    parser.add_argument("--plain", default=str(ROOT / "recipes" / "plain-prompt.toml"), help="the baseline's prompt")
+    parser.add_argument("--plain", default=str(PLAIN), help="the baseline's prompt")
     parser.add_argument("--benchmarks", type=Path, help="a folder with ConFiQA-{QA,MR,MC}.dev25.json, followrag-nq.json, "
                         "cnq-nqswap.dev500.json")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
@@ -479,11 +480,12 @@ def main(argv: list[str] | None = None) -> None:
         for t in targets:
             for i, (p, b) in enumerate(zip(texts["policy"][t.name], texts["plain"][t.name])):
                 f.write(json.dumps({"file": t.name, "index": i, "policy": p, "plain": b}) + "\n")
+    plain = Path(args.plain)
+    baseline = None if plain.resolve() == PLAIN.resolve() else f"the base with {plain.name}'s prompt"
     draw(table, out / "scoreboard.png", f"{model.parent.name if model.name == 'policy' else model.name} "
-         f"(seed {seed}, {run_dtype}) against the plainly prompted base")
+         f"(seed {seed}, {run_dtype}) against {baseline or 'the plainly prompted base'}")
     print(f"written to {out / 'scoreboard.json'} and scoreboard.png")
-    against = "plain" if Path(args.plain).resolve() == (ROOT / "recipes" / "plain-prompt.toml").resolve() \
-        else f"the base with {Path(args.plain).name}'s prompt"
+    against = baseline or "plain"
     line = results_line(table, seed, run_dtype, recipe, sum(copied.values()), total, against)
     report["results_line"] = line
     (out / "scoreboard.json").write_text(json.dumps(report, indent=1))
