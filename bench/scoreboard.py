@@ -76,14 +76,19 @@ SYNTHETIC = ROOT / "data" / "synth" / "eval.jsonl"  # `make data` writes it
 HELDOUT = ROOT / "data" / "heldout" / "faithfulness.jsonl"
 
 
+def benchmark_targets(benchmarks: Path) -> list[Target]:
+    """The decision set's files from the user's benchmark folder."""
+    return [*(Target(f"confiqa-{kind.lower()}", benchmarks / f"ConFiQA-{kind}.dev25.json", "confiqa")
+              for kind in ("QA", "MR", "MC")),
+            Target("nq300", benchmarks / "followrag-nq.json", "followrag", limit=300),
+            Target("cnq500", benchmarks / "cnq-nqswap.dev500.json", "cnq", limit=500)]
+
+
 def decision_set(benchmarks: Path | None, synthetic: Path = SYNTHETIC, heldout: Path = HELDOUT) -> list[Target]:
     """The files every policy is scored on; the benchmark files only where `benchmarks` is given."""
     targets = [Target("synthetic", synthetic), Target("heldout", heldout)]
     if benchmarks is not None:
-        targets += [Target(f"confiqa-{kind.lower()}", benchmarks / f"ConFiQA-{kind}.dev25.json", "confiqa")
-                    for kind in ("QA", "MR", "MC")]
-        targets.append(Target("nq300", benchmarks / "followrag-nq.json", "followrag", limit=300))
-        targets.append(Target("cnq500", benchmarks / "cnq-nqswap.dev500.json", "cnq", limit=500))
+        targets += benchmark_targets(benchmarks)
     for target in targets:
         if not target.path.exists():
             raise SystemExit(f"error: {target.name}: {target.path} not found")

@@ -1,0 +1,112 @@
+"""Where a policy's short answers go on the NQ-Swap items it loses to the plain base: the cnq500 items whose gold
+the plain base's answer holds and the policy's short answer does not (scoreboard's `contains`), sorted by what the
+policy answered instead. Read it to aim a lever at the span the short-answer format picks, not at the reading.
+
+    .venv/bin/python bench/lost_items.py --benchmarks DIR --config CONFIG RUN/.../scoreboard.predictions.jsonl ...
+
+The kind of a lost item is the first of these that holds for the policy's answer span (`lost_kind`):
+- `example`: it names the prompt's worked example where the item does not (scoreboard.copies_example);
+- `empty`: nothing is left of it after SQuAD's normalisation;
+- `question`: it is a span of the question (the question's subject, a character for an actor);
+- `passage`: it is another span of the passage;
+- `elsewhere`: its words are in neither.
+`won` counts the reverse: the policy's answer holds the gold, the plain base's does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from config import load_config  # noqa: E402
+from evaluation import suites  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("pool_seeds", ROOT / "bench" / "pool_seeds.py")
+pool_seeds = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pool_seeds)
+scoreboard = pool_seeds.scoreboard  # the scoring, loaded once by pool_seeds
+
+KINDS = ("example", "empty", "question", "passage", "elsewhere")
+
+
+def lost_kind(output: str, item: suites.Item, names: list[str]) -> str:
+    """What the policy answered instead of the gold on `item` (one of KINDS).
+
+    >>> item = suites.Item(0, 0, "who plays alec ramsay in the black stallion",
+    ...                    "<context>Lorenzo Lamas plays Alec Ramsay.</context> who plays alec ramsay", ("Lorenzo Lamas",))
+    >>> lost_kind("<answer>Alec Ramsay</answer>", item, ["Osric Hallam"])
+    'question'
+    """
+    if scoreboard.copies_example(output, item.problem, names):
+        return "example"
+    span = suites.normalize(suites.extract(output)["answer"])
+    if not span:
+        return "empty"
+
+    def holds(text: str) -> bool:  # whole words, tags apart from them: "x" is no span of "next" or "<context>x"
+        return f" {span} " in f" {suites.normalize(re.sub('[<>]', ' ', text))} "
+
+    if holds(item.question):
+        return "question"
+    return "passage" if holds(item.problem) else "elsewhere"
+
+
+def tally(items: list[suites.Item], policy: list[str], plain: list[str], names: list[str]) -> Counter:
+    """Counts of the lost items by kind, with `lost` (all of them) and `won`, over items answered on both sides."""
+    target = scoreboard.Target("cnq500", Path(), "cnq")
+    policy_hits = scoreboard.per_item_hits(target, items, policy)["contains"]  # (n,)
+    plain_hits = scoreboard.per_item_hits(target, items, plain)["contains"]  # (n,)
+    counts = Counter({kind: 0 for kind in ("lost", "won", *KINDS)})
+    for item, output, ours, theirs in zip(items, policy, policy_hits, plain_hits):
+        if theirs and not ours:
+            counts["lost"] += 1
+            counts[lost_kind(output, item, names)] += 1
+        elif ours and not theirs:
+            counts["won"] += 1
+    return counts
+
+
+def run_name(predictions: Path, index: int) -> str:
+    """"RUN seed S" for a checkpoint's policy, the model folder's name for a model, from the scoreboard.json
+    beside the predictions; else pool_seeds' label."""
+    report = predictions.with_name("scoreboard.json")
+    if not report.exists():
+        return pool_seeds.run_label(predictions, index)
+    info = json.loads(report.read_text())
+    model = Path(info["model"])
+    return f"{model.parents[2].name} seed {info['seed']}" if model.name == "policy" else model.name
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("predictions", nargs="+", type=Path, help="scoreboard.predictions.jsonl, one per run")
+    parser.add_argument("--benchmarks", type=Path, required=True, help="the folder the scoreboards read")
+    parser.add_argument("--config", default=str(ROOT / "config.toml"), help="the policies' config (its example)")
+    args = parser.parse_args(argv)
+    target = next(t for t in scoreboard.benchmark_targets(args.benchmarks) if t.name == "cnq500")
+    if not target.path.exists():
+        raise SystemExit(f"error: {target.path} not found")
+    items, _ = scoreboard.read_items(target)
+    names = scoreboard.example_names(load_config(args.config).prompt_style())
+    columns = ("lost", *KINDS, "won")
+    print(f"{'run':<24}" + "".join(f"{c:>10}" for c in columns))
+    for i, path in enumerate(args.predictions):
+        run = pool_seeds.read_predictions(path)
+        if "cnq500" not in run:
+            raise SystemExit(f"error: {path}: no cnq500 outputs (scored without --benchmarks?)")
+        counts = tally(items, run["cnq500"]["policy"], run["cnq500"]["plain"], names)
+        print(f"{run_name(path, i):<24}" + "".join(f"{counts[c]:>10}" for c in columns))
+    print(f"(of {len(items)} cnq500 items; lost: the plain base's answer holds the gold and the policy's short "
+          "answer does not, by kind of what the policy answered; won: the reverse)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""bench/lost_items.py: the NQ-Swap items a policy loses to the plain base, sorted by what it answered instead."""
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("lost_items", ROOT / "bench" / "lost_items.py")
+lost_items = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lost_items)
+suites = lost_items.suites
+
+NAMES = ["Osric Hallam", "Varnel Bridge"]  # config.toml's example, as scoreboard.example_names reads it
+QUESTION = "who plays alec ramsay in the black stallion"
+ITEM = suites.Item(0, "q0", QUESTION, suites.PROMPT_A.format(
+    "Lorenzo Lamas plays Alec Ramsay, and the horse was trained by Glen Randall.", QUESTION), ("Lorenzo Lamas",))
+
+
+@pytest.mark.parametrize("output, kind", [
+    ("<think>t</think><answer>Osric Hallam</answer>", "example"),
+    ("<answer>The.</answer>", "empty"),
+    ("<answer>Alec Ramsay</answer>", "question"),
+    ("<answer>the black stallion</answer>", "question"),
+    ("<answer>Glen Randall</answer>", "passage"),
+    ("<answer>Kelly Reno</answer>", "elsewhere"),
+    ("<answer>Lamas plays Al</answer>", "elsewhere"),  # whole words only: "Al" is not "Alec"
+])
+def test_lost_kind(output, kind):
+    assert lost_items.lost_kind(output, ITEM, NAMES) == kind
+
+
+def test_an_example_name_the_item_itself_holds_is_not_a_copy():
+    item = suites.Item(0, "q", "who designed it", suites.PROMPT_A.format("Osric Hallam designed it.", "who designed it"),
+                       ("Mira Castell",))
+    assert lost_items.lost_kind("<answer>Osric Hallam</answer>", item, NAMES) == "passage"
+
+
+def test_tally_counts_lost_by_kind_and_won():
+    items = [ITEM] * 4
+    policy = ["<answer>Alec Ramsay</answer>", "<answer>Glen Randall</answer>", "<answer>Lorenzo Lamas</answer>",
+              "<answer>Lorenzo Lamas</answer>"]
+    plain = ["Lorenzo Lamas plays him.", "Lorenzo Lamas.", "Kelly Reno plays him.", "Lorenzo Lamas plays him."]
+    counts = lost_items.tally(items, policy, plain, NAMES)
+    assert (counts["lost"], counts["question"], counts["passage"], counts["won"]) == (2, 1, 1, 1)
+    assert counts["example"] == counts["elsewhere"] == counts["empty"] == 0
+
+
+def test_main_reads_the_scoreboards_files(tmp_path, capsys):
+    shutil.copy(ROOT / "tests" / "suites" / "conflict_dev_filtered.json", tmp_path / "cnq-nqswap.dev500.json")
+    items = suites.read_suite("cnq", tmp_path / "cnq-nqswap.dev500.json")
+    run = tmp_path / "run" / "checkpoints" / "step-000024" / "policy"
+    run.mkdir(parents=True)
+    rows = [{"file": "cnq500", "index": i, "policy": "<answer>Osric Hallam</answer>" if i == 0 else "<answer>x</answer>",
+             "plain": item.golds[0]} for i, item in enumerate(items)]
+    (run.parent / "scoreboard.predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run.parent / "scoreboard.json").write_text(json.dumps({"model": str(run), "seed": 7}))
+    lost_items.main(["--benchmarks", str(tmp_path), str(run.parent / "scoreboard.predictions.jsonl")])
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("run seed 7"))
+    assert line.split()[3:] == [str(len(items)), "1", "0", "0", "0", str(len(items) - 1), "0"]
+
+
+def test_main_without_the_nq_swap_file_says_so(tmp_path):
+    with pytest.raises(SystemExit, match="cnq-nqswap.dev500.json not found"):
+        lost_items.main(["--benchmarks", str(tmp_path), str(tmp_path / "p.jsonl")])
