@@ -40,9 +40,9 @@ KINDS = ("example", "empty", "question", "passage", "elsewhere")
 def lost_kind(output: str, item: suites.Item, names: list[str]) -> str:
     """What the policy answered instead of the gold on `item` (one of KINDS).
 
-    >>> item = suites.Item(0, 0, "who plays alec ramsay in the black stallion",
-    ...                    "<context>Lorenzo Lamas plays Alec Ramsay.</context> who plays alec ramsay", ("Lorenzo Lamas",))
-    >>> lost_kind("<answer>Alec Ramsay</answer>", item, ["Osric Hallam"])
+    >>> item = suites.Item(0, 0, "who plays captain vell in the salt road",
+    ...                    "<context>Tamsin Orrow plays Captain Vell.</context> who plays captain vell", ("Tamsin Orrow",))
+    >>> lost_kind("<answer>Captain Vell</answer>", item, ["Osric Hallam"])
     'question'
     """
     if scoreboard.copies_example(output, item.problem, names):

@@ -1,5 +1,6 @@
 """bench/lost_items.py: the NQ-Swap items a policy loses to the plain base, sorted by what it answered instead."""
 
+import doctest
 import importlib.util
 import json
 import shutil
@@ -15,19 +16,19 @@ _spec.loader.exec_module(lost_items)
 suites = lost_items.suites
 
 NAMES = ["Osric Hallam", "Varnel Bridge"]  # config.toml's example, as scoreboard.example_names reads it
-QUESTION = "who plays alec ramsay in the black stallion"
+QUESTION = "who plays captain vell in the salt road"
 ITEM = suites.Item(0, "q0", QUESTION, suites.PROMPT_A.format(
-    "Lorenzo Lamas plays Alec Ramsay, and the horse was trained by Glen Randall.", QUESTION), ("Lorenzo Lamas",))
+    "Tamsin Orrow plays Captain Vell, and the ship was built by Brann Keddle.", QUESTION), ("Tamsin Orrow",))
 
 
 @pytest.mark.parametrize("output, kind", [
     ("<think>t</think><answer>Osric Hallam</answer>", "example"),
     ("<answer>The.</answer>", "empty"),
-    ("<answer>Alec Ramsay</answer>", "question"),
-    ("<answer>the black stallion</answer>", "question"),
-    ("<answer>Glen Randall</answer>", "passage"),
-    ("<answer>Kelly Reno</answer>", "elsewhere"),
-    ("<answer>Lamas plays Al</answer>", "elsewhere"),  # whole words only: "Al" is not "Alec"
+    ("<answer>Captain Vell</answer>", "question"),
+    ("<answer>the salt road</answer>", "question"),
+    ("<answer>Brann Keddle</answer>", "passage"),
+    ("<answer>Mira Dalt</answer>", "elsewhere"),
+    ("<answer>Orrow plays Capt</answer>", "elsewhere"),  # whole words only: "Capt" is not "Captain"
 ])
 def test_lost_kind(output, kind):
     assert lost_items.lost_kind(output, ITEM, NAMES) == kind
@@ -41,9 +42,9 @@ def test_an_example_name_the_item_itself_holds_is_not_a_copy():
 
 def test_tally_counts_lost_by_kind_and_won():
     items = [ITEM] * 4
-    policy = ["<answer>Alec Ramsay</answer>", "<answer>Glen Randall</answer>", "<answer>Lorenzo Lamas</answer>",
-              "<answer>Lorenzo Lamas</answer>"]
-    plain = ["Lorenzo Lamas plays him.", "Lorenzo Lamas.", "Kelly Reno plays him.", "Lorenzo Lamas plays him."]
+    policy = ["<answer>Captain Vell</answer>", "<answer>Brann Keddle</answer>", "<answer>Tamsin Orrow</answer>",
+              "<answer>Tamsin Orrow</answer>"]
+    plain = ["Tamsin Orrow plays him.", "Tamsin Orrow.", "Mira Dalt plays him.", "Tamsin Orrow plays him."]
     counts = lost_items.tally(items, policy, plain, NAMES)
     assert (counts["lost"], counts["question"], counts["passage"], counts["won"]) == (2, 1, 1, 1)
     assert counts["example"] == counts["elsewhere"] == counts["empty"] == 0
@@ -66,3 +67,7 @@ def test_main_reads_the_scoreboards_files(tmp_path, capsys):
 def test_main_without_the_nq_swap_file_says_so(tmp_path):
     with pytest.raises(SystemExit, match="cnq-nqswap.dev500.json not found"):
         lost_items.main(["--benchmarks", str(tmp_path), str(tmp_path / "p.jsonl")])
+
+
+def test_doctests():
+    assert doctest.testmod(lost_items).failed == 0
