@@ -4,7 +4,6 @@ import doctest
 import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
