@@ -175,7 +175,8 @@ class Variants:
                 "importance_cap": cfg.importance_cap, "max_completion_tokens": cfg.max_completion_tokens}
         weights = torch.tensor(list(cfg.rewards.values()), dtype=torch.float32)  # (R,)
         return cls(weights, cfg.num_generations, ADVANTAGE_RULES[cfg.advantage_rule], cfg.advantage_eps,
-                   cfg.advantage_std, cfg.mask_truncated, cfg.skip_zero_variance_groups, cfg.num_iterations, loss, cfg.dynamic_sampling_draws)
+                   cfg.advantage_std, cfg.mask_truncated, cfg.skip_zero_variance_groups, cfg.num_iterations, loss,
+                   cfg.dynamic_sampling_draws)
 
     def advantages(self, scores: Tensor) -> Tensor:
         """`(N,)` advantages of the per-reward scores `(N, R)` under the configured rule."""

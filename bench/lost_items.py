@@ -41,7 +41,8 @@ def lost_kind(output: str, item: suites.Item, names: list[str]) -> str:
     """What the policy answered instead of the gold on `item` (one of KINDS).
 
     >>> item = suites.Item(0, 0, "who plays captain vell in the salt road",
-    ...                    "<context>Tamsin Orrow plays Captain Vell.</context> who plays captain vell", ("Tamsin Orrow",))
+    ...                    "<context>Tamsin Orrow plays Captain Vell.</context> who plays captain vell",
+    ...                    ("Tamsin Orrow",))
     >>> lost_kind("<answer>Captain Vell</answer>", item, ["Osric Hallam"])
     'question'
     """
@@ -59,9 +60,8 @@ def lost_kind(output: str, item: suites.Item, names: list[str]) -> str:
     return "passage" if holds(item.problem) else "elsewhere"
 
 
-def tally(items: list[suites.Item], policy: list[str], plain: list[str], names: list[str]) -> Counter:
-    """Counts of the lost items by kind, with `lost` (all of them) and `won`, over items answered on both sides."""
-    target = scoreboard.Target("cnq500", Path(), "cnq")
+def tally(target, items: list[suites.Item], policy: list[str], plain: list[str], names: list[str]) -> Counter:
+    """Counts of the lost items of `target` (scoreboard.Target) by kind, with `lost` (all of them) and `won`."""
     policy_hits = scoreboard.per_item_hits(target, items, policy)["contains"]  # (n,)
     plain_hits = scoreboard.per_item_hits(target, items, plain)["contains"]  # (n,)
     counts = Counter({kind: 0 for kind in ("lost", "won", *KINDS)})
@@ -91,9 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--benchmarks", type=Path, required=True, help="the folder the scoreboards read")
     parser.add_argument("--config", default=str(ROOT / "config.toml"), help="the policies' config (its example)")
     args = parser.parse_args(argv)
-    target = next(t for t in scoreboard.benchmark_targets(args.benchmarks) if t.name == "cnq500")
-    if not target.path.exists():
-        raise SystemExit(f"error: {target.path} not found")
+    [target] = scoreboard.present([t for t in scoreboard.benchmark_targets(args.benchmarks) if t.name == "cnq500"])
     items, _ = scoreboard.read_items(target)
     names = scoreboard.example_names(load_config(args.config).prompt_style())
     columns = ("lost", *KINDS, "won")
@@ -102,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         run = pool_seeds.read_predictions(path)
         if "cnq500" not in run:
             raise SystemExit(f"error: {path}: no cnq500 outputs (scored without --benchmarks?)")
-        counts = tally(items, run["cnq500"]["policy"], run["cnq500"]["plain"], names)
+        counts = tally(target, items, run["cnq500"]["policy"], run["cnq500"]["plain"], names)
         print(f"{run_name(path, i):<24}" + "".join(f"{counts[c]:>10}" for c in columns))
     print(f"(of {len(items)} cnq500 items; lost: the plain base's answer holds the gold and the policy's short "
           "answer does not, by kind of what the policy answered; won: the reverse)")

@@ -89,6 +89,11 @@ def decision_set(benchmarks: Path | None, synthetic: Path = SYNTHETIC, heldout: 
     targets = [Target("synthetic", synthetic), Target("heldout", heldout)]
     if benchmarks is not None:
         targets += benchmark_targets(benchmarks)
+    return present(targets)
+
+
+def present(targets: list[Target]) -> list[Target]:
+    """`targets`, each file checked to exist: a missing one stops the run with its name and path."""
     for target in targets:
         if not target.path.exists():
             raise SystemExit(f"error: {target.name}: {target.path} not found")

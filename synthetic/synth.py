@@ -32,11 +32,12 @@ NQ-Swap's substitutions often are ("The capital of Latvia is Oren Fernhill"): a 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -496,7 +497,8 @@ def _change(world: World, subject: str, relation: str, rng: random.Random, conte
     real = world.facts[(subject, relation)]
     values = world.values(relation)
     if odd:
-        values = [name for name in world.entities if name not in set(values)]
+        fitting = set(values)
+        values = [name for name in world.entities if name not in fitting]
     return rng.choice([v for v in values if v not in (real, subject) and v not in context_words])
 
 
@@ -577,10 +579,10 @@ def context_words(row: dict) -> int:
     return len(row["problem"].removeprefix("<context>").split("</context>")[0].split())
 
 
-def _make(task: str, world: World, rng: random.Random, odd_share: float = 0.0) -> dict:
-    """One item of `task` whose context has PASSAGE_WORDS words (drawn again until it has)."""
+def _make(maker: Callable[[World, random.Random], dict], world: World, rng: random.Random) -> dict:
+    """One item of `maker` whose context has PASSAGE_WORDS words (drawn again until it has)."""
     while True:
-        row = _counterfactual(world, rng, odd_share) if task == "counterfactual" else _MAKERS[task](world, rng)
+        row = maker(world, rng)
         if PASSAGE_WORDS[0] <= context_words(row) <= PASSAGE_WORDS[1]:
             return row
 
@@ -588,8 +590,9 @@ def _make(task: str, world: World, rng: random.Random, odd_share: float = 0.0) -
 def _generate(world: World, n: int, split: str, seed: int, odd_share: float = 0.0) -> list[dict]:
     """n items, as even a share of the four tasks as n allows, shuffled, with ids "{split}-00000"..."""
     rng = random.Random(f"items-{split}:{seed}")
+    makers = {**_MAKERS, "counterfactual": functools.partial(_counterfactual, odd_share=odd_share)}
     tasks = [TASKS[i % len(TASKS)] for i in range(n)]
-    rows = [_make(task, world, rng, odd_share) for task in tasks]
+    rows = [_make(makers[task], world, rng) for task in tasks]
     rng.shuffle(rows)
     return [{"id": f"{split}-{i:05d}", **row} for i, row in enumerate(rows)]
 

@@ -34,8 +34,8 @@ def test_lost_kind(output, kind):
 
 
 def test_an_example_name_the_item_itself_holds_is_not_a_copy():
-    item = suites.Item(0, "q", "who designed it", suites.PROMPT_A.format("Osric Hallam designed it.", "who designed it"),
-                       ("Mira Castell",))
+    problem = suites.PROMPT_A.format("Osric Hallam designed it.", "who designed it")
+    item = suites.Item(0, "q", "who designed it", problem, ("Mira Castell",))
     assert lost_items.lost_kind("<answer>Osric Hallam</answer>", item, NAMES) == "passage"
 
 
@@ -44,7 +44,8 @@ def test_tally_counts_lost_by_kind_and_won():
     policy = ["<answer>Captain Vell</answer>", "<answer>Brann Keddle</answer>", "<answer>Tamsin Orrow</answer>",
               "<answer>Tamsin Orrow</answer>"]
     plain = ["Tamsin Orrow plays him.", "Tamsin Orrow.", "Mira Dalt plays him.", "Tamsin Orrow plays him."]
-    counts = lost_items.tally(items, policy, plain, NAMES)
+    target = lost_items.scoreboard.Target("cnq500", Path("unread.json"), "cnq")
+    counts = lost_items.tally(target, items, policy, plain, NAMES)
     assert (counts["lost"], counts["question"], counts["passage"], counts["won"]) == (2, 1, 1, 1)
     assert counts["example"] == counts["elsewhere"] == counts["empty"] == 0
 
@@ -54,8 +55,9 @@ def test_main_reads_the_scoreboards_files(tmp_path, capsys):
     items = suites.read_suite("cnq", tmp_path / "cnq-nqswap.dev500.json")
     run = tmp_path / "run" / "checkpoints" / "step-000024" / "policy"
     run.mkdir(parents=True)
-    rows = [{"file": "cnq500", "index": i, "policy": "<answer>Osric Hallam</answer>" if i == 0 else "<answer>x</answer>",
-             "plain": item.golds[0]} for i, item in enumerate(items)]
+    answers = ["<answer>Osric Hallam</answer>"] + ["<answer>x</answer>"] * (len(items) - 1)
+    rows = [{"file": "cnq500", "index": i, "policy": answer, "plain": item.golds[0]}
+            for i, (item, answer) in enumerate(zip(items, answers))]
     (run.parent / "scoreboard.predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run.parent / "scoreboard.json").write_text(json.dumps({"model": str(run), "seed": 7}))
     lost_items.main(["--benchmarks", str(tmp_path), str(run.parent / "scoreboard.predictions.jsonl")])
