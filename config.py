@@ -83,8 +83,9 @@ class Config:
     vllm_gpu_memory_utilization: float = _key(0.7, "share of GPU memory vLLM may take (GPU only; `--plan-memory` shows what fits)")
     vllm_cpu_kv_cache_gib: float = _key(1.0, "vLLM KV cache size on a CPU, GiB")
     vllm_sleep: bool = _key(True, "release vLLM's memory during training where the platform supports it (CUDA)")
-    sync_tolerance: float = _key(0.0, "max |logprob difference| between vLLM and trainer after a push; 0: by the "
-                                 "dtype (1e-3 in float32, 0.5 in bfloat16: config.SYNC_TOLERANCE)")
+    sync_tolerance: float = _key(0.0, "bound on the push probe's trimmed max |logprob difference| between vLLM and "
+                                 "trainer (its worst tenth of tokens set aside); 0: by the dtype (1e-3 in float32, "
+                                 "0.5 in bfloat16: config.SYNC_TOLERANCE)")
     # --- rewards
     rewards: dict = _key(CANOE_REWARDS, "[rewards] table: name in rewards.REWARD_FUNCS = weight; the total is the weighted sum")
     reward_workers: int = _key(2, "processes grading math answers in parallel")
@@ -183,13 +184,14 @@ class Config:
         return style
 
 
-# The probe check's tolerance by dtype, in nats (max |Δ log-probability| of the probe completion between vLLM and
-# the trainer right after a push). float32: both compute the same float32 weights with different kernels and agree
-# to ~1e-5 nats (bench/probe_gap.py on the default model, 50 probes: at most 8.2e-5; tests/packed_push.py: 1e-3
-# passes, a push that did not land misses by > 1e-2). bfloat16: every matmul rounds to 8 bits of mantissa in
-# kernels that differ (vLLM's and torch's), so the two disagree by tenths of a nat (the same 50 probes: at most
-# 0.33, 95th percentile 0.26; default runs with a merged push: up to 0.41), while stale packed kernels miss by
-# nats; the weights themselves are checked exactly there (weight_sync.check_weight_sums, lora.check_adapter).
+# The probe check's tolerance by dtype, in nats: the bound on the probe's trimmed maximum |Δ log-probability| between
+# vLLM and the trainer right after a push (weight_sync.check_sync sets the worst tenth of its tokens aside).
+# float32: both compute the same float32 weights with different kernels and agree to ~1e-5 nats (bench/probe_gap.py
+# on the default model, 50 probes: every token's gap at most 8.2e-5), while a push that did not land misses by
+# > 1e-2 (tests/packed_push.py). bfloat16: every matmul rounds to 8 bits of mantissa in kernels that differ (vLLM's
+# and torch's), so a few tokens differ by tenths of a nat (the same 50 probes: the largest 0.33, the mean 0.03),
+# while stale kernels move most tokens by nats; the weights themselves are checked exactly there
+# (weight_sync.check_weight_sums, lora.check_adapter).
 SYNC_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5}
 
 CHOICES = {

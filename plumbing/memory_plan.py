@@ -17,17 +17,22 @@ Per GPU, with P parameters, w bytes per value of the training dtype and W ranks 
                            optimizer state     12·P/W (float32 master weights and two Adam moments; 0 with offload)
                            ZeRO-3 gathering    stage3_max_live_parameters · w (DeepSpeed's default 1e9)
                            reference model     w·P (ZeRO-2: a plain copy on every GPU)  w·P/W (ZeRO-3); 0 when β = 0
-                           CUDA context        a fixed reserve (context, allocator fragmentation)
-    training only          activations         one micro-batch packed into one row (packing.py), worst case:
+                           CUDA context        a fixed reserve (context, NCCL buffers, allocator fragmentation)
+    training only          vLLM asleep         an allowance for what the engine keeps outside its sleep pool
+                           activations         one micro-batch packed into one row (packing.py), worst case:
                                                L = prompts_per_device · (max_prompt + G · max_completion) tokens,
                                                T = prompts_per_device · G · max_completion predicted tokens
-                                               - layer inputs (gradient checkpointing): layers · L · h · w, plus one
-                                                 layer recomputed, L · (7h + 3·kv + 4·I) · w (without checkpointing
-                                                 every layer keeps that much)
-                                               - logits and their gradient: 2 · T · V · w
-                                               - the attention mask and its boolean form: L² · (w + 1),
-                                                 built for the micro-batch being scored only (packing.Packed
-                                                 stores O(L) per micro-batch)
+                                               - a layer keeps L · (10h + 4·I) · w for backward; with gradient
+                                                 checkpointing only its input, L · h · w, and one layer is
+                                                 recomputed at a time
+                                               - the output head: the logits and their gradient 2 · T · V · w,
+                                                 three float32 chunks of token_logprobs' backward 3 · 512 · V · 4,
+                                                 and (5L + T) · h · w around the head; with checkpointing the
+                                                 larger of it and one recomputed layer counts (the two are not
+                                                 alive together)
+                                               - the attention mask and its boolean form: L · L8 · w + L², L8 = L
+                                                 rounded up to 8 (packing.attention_mask), built for the
+                                                 micro-batch being scored only
     rollout only           vLLM                the share × total: weights w·P (tensor parallel 1), its working
                                                memory (profile-run peak and CUDA graphs) and the KV cache, which
                                                gets the rest (2 · layers · kv · w bytes per token)
@@ -42,10 +47,13 @@ With sleep mode (CUDA) vLLM is asleep at level 2 while the trainer trains (rollo
 CUDA graphs offloaded to the host too (`sleep_mode_offload_cudagraph`, rollout.make_engine), so the
 peak is the larger of resident + activations and resident + share × total; without it both add up.
 
-The 7h + 3·kv + 4·I elements per token of a decoder layer count what one Llama/Qwen2 layer saves for backward:
-the two RMSNorm inputs and outputs (4h), q, k, v and the rotated q, k (2h + 3·kv), the attention output (h), and
-gate, up, act(gate) and act(gate)·up (4I). These are estimates written from the code, not measurements: no GPU
-was at hand. The architecture comes from the model folder's config.json, or, when the folder is not there (the
+The 10h + 4I elements per token of a decoder layer in bfloat16 are what one Llama/Qwen2 layer keeps for backward:
+each RMSNorm its float32 input and bfloat16 output (3h, twice), attention the rotated q, k and v repeated to every
+head and its output (4h), the MLP gate, up, act(gate) and act(gate)·up (4I). Against `torch.cuda.max_memory_allocated`
+over one micro-batch's forward and backward on an H200 (bench/cuda_memory.py; bench/RESULTS.md, "The memory plan on
+a GPU"), the activations are within -6 % and +5 % for the default's Qwen2.5-0.5B and for Llama-3.1-8B and
+Qwen2.5-7B layers, with and without checkpointing. The rest is written from the code of DeepSpeed and vLLM, not
+measured. The architecture comes from the model folder's config.json, or, when the folder is not there (the
 recipes name models a user downloads), from `KNOWN_ARCHITECTURES` by the folder's name.
 """
 
@@ -64,6 +72,11 @@ FP32_GRAD_BYTES = 4  # the float32 gradient partition the optimizer steps on
 REDUCE_BUCKET = 5 * 10**8
 MAX_LIVE_PARAMETERS = 10**9
 CUDA_RESERVE = 2 * GIB  # CUDA context, NCCL buffers and allocator fragmentation, per GPU (an allowance)
+# What a sleeping vLLM keeps: its buffers allocated outside the sleep pool (the model runner's input buffers, an
+# attention backend's workspace). An allowance, not a measurement: vLLM's "memory is still in use" line at each
+# sleep, less the plan's resident part, is the figure to compare (docs/gpus.md, "The first run on a GPU").
+VLLM_ASLEEP = 1 * GIB
+LOGPROB_CHUNK = 512  # positions token_logprobs upcasts at a time (its chunk_size)
 # vLLM's working memory: its profile run at max_num_batched_tokens (16384 for the LLM class on a GPU of 70 GiB or
 # more) keeps one layer's gate/up/act output, its sampler
 # warm-up holds float32 logits for max_num_seqs (1024) sequences, forward and softmax; CUDA graphs get an allowance.
@@ -230,13 +243,15 @@ def activation_bytes(cfg, arch: Architecture, width: int) -> dict[str, float]:
     """The training activations of one micro-batch, worst case (every completion at max_completion_tokens)."""
     L = cfg.prompts_per_device * (cfg.max_prompt_tokens + cfg.num_generations * cfg.max_completion_tokens)
     T = cfg.prompts_per_device * cfg.num_generations * cfg.max_completion_tokens
-    per_layer = L * (7 * arch.hidden + 3 * arch.kv_dim + 4 * arch.intermediate) * width
+    h, V = arch.hidden, arch.vocab
+    layer = L * (10 * h + 4 * arch.intermediate) * width
+    head = 2 * T * V * width + 3 * min(LOGPROB_CHUNK, T) * V * 4 + (5 * L + T) * h * width
+    row = -(-L // 8) * 8  # packing.MASK_ALIGNMENT
+    mask = {"activations: attention mask": L * row * width + L * L}
     if cfg.gradient_checkpointing:
-        layers = arch.layers * L * arch.hidden * width + per_layer
-    else:
-        layers = arch.layers * per_layer
-    return {"activations: layers": layers, "activations: logits and their gradient": 2 * T * arch.vocab * width,
-            "activations: attention mask": L * L * (width + 1)}
+        return {"activations: layer inputs (checkpointed)": arch.layers * L * h * width,
+                "activations: head or one recomputed layer": max(layer, head)} | mask
+    return {"activations: layers": arch.layers * layer, "activations: the output head": head} | mask
 
 
 def plan_memory(cfg, arch: Architecture, *, world_size: int, total_bytes: float, sleep: bool = True) -> Plan:
@@ -262,6 +277,8 @@ def plan_memory(cfg, arch: Architecture, *, world_size: int, total_bytes: float,
     # With LoRA, π_ref is the policy with its adapters disabled: no copy.
     parts["reference model"] = (weights if cfg.beta > 0 and not cfg.lora_rank else 0.0, "resident")
     parts["CUDA context and fragmentation"] = (CUDA_RESERVE, "resident")
+    if sleep:
+        parts["vLLM asleep: buffers outside its sleep pool"] = (VLLM_ASLEEP, "training")
     parts |= {name: (size, "training") for name, size in activation_bytes(cfg, arch, width).items()}
     share = cfg.vllm_gpu_memory_utilization
     working = VLLM_BATCHED_TOKENS * 3 * arch.intermediate * width + 2 * VLLM_MAX_SEQS * arch.vocab * 4 + CUDA_GRAPHS

@@ -241,24 +241,38 @@ def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence
     return torch.tensor([step[token].logprob for step, token in zip(steps, completion_ids)], dtype=torch.float32)
 
 
-def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tolerance: float) -> float:
-    """Raise WeightSyncError unless the two `(T,)` log-probability vectors agree within `tolerance` (max |Δ|).
+# The probe's statistic sets aside its worst tenth of tokens: kernel rounding moves a few tokens by tenths of a nat in
+# bfloat16, while stale kernels or an engine that does not read the pushed weights move most tokens.
+PROBE_SET_ASIDE = 0.1
+
+
+def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tolerance: float,
+               sums: str = "were not compared") -> dict[str, float]:
+    """Raise WeightSyncError unless vLLM's and the trainer's `(T,)` log-probabilities of the probe agree: the probe's
+    trimmed maximum |Δ|, the largest once its worst ⌊PROBE_SET_ASIDE · T⌋ tokens are set aside, within `tolerance`
+    (so at most that many tokens may lie beyond it), and every value finite. `sums` says what the weight sums found,
+    for the message. Returns `sync/push_trimmed_abs_diff` and `sync/push_max_abs_diff`.
 
     Differs from CANOE (docs/differences.md, D7): every weight push into vLLM is verified.
-    Returns the max absolute difference (logged every step as `sync/push_max_abs_diff`).
     """
     assert vllm_logprobs.shape == trainer_logprobs.shape, (vllm_logprobs.shape, trainer_logprobs.shape)
-    diff = (vllm_logprobs.float() - trainer_logprobs.float().cpu()).abs()
-    worst = float(diff.max())
-    if not worst <= tolerance:  # also catches NaN
-        position = int(diff.argmax())
+    diff = (vllm_logprobs.float() - trainer_logprobs.float().cpu()).abs()  # (T,)
+    aside = int(PROBE_SET_ASIDE * len(diff))
+    ordered = diff.nan_to_num(nan=float("inf")).sort(descending=True).values  # (T,), NaN as the worst
+    trimmed, worst = float(ordered[aside]), float(ordered[0])
+    if not trimmed <= tolerance or not diff.isfinite().all():
+        position = int(diff.nan_to_num(nan=float("inf")).argmax())
+        over = int((ordered > tolerance).sum())
         raise WeightSyncError(
-            f"weight push failed verification: vLLM and the trainer disagree on the probe completion by "
-            f"{worst:.3g} nats at token {position} (vLLM {float(vllm_logprobs[position]):.4f}, trainer "
-            f"{float(trainer_logprobs[position]):.4f}; tolerance {tolerance:g}, mean |diff| {float(diff.mean()):.3g}). "
-            f"The engine is not generating from the weights being trained; stopping."
-        )
-    return worst
+            f"weight push failed verification: vLLM and the trainer disagree on the probe completion beyond "
+            f"`sync_tolerance` = {tolerance:g} nats on {over} of its {len(diff)} tokens, where kernel rounding may "
+            f"account for {aside}. Its trimmed maximum |Δ| (the largest after the worst {aside} set aside) is "
+            f"{trimmed:.3g}, {trimmed - tolerance:.3g} over; the largest is {worst:.3g} at token {position} (vLLM "
+            f"{float(vllm_logprobs[position]):.4f}, trainer {float(trainer_logprobs[position]):.4f}), the mean "
+            f"{float(diff.mean()):.3g}. The weight sums {sums}. The engine is not generating from the weights being "
+            f"trained; stopping. (If these gaps are the rounding of this machine's kernels, a `sync_tolerance` "
+            f"above {trimmed:.3g} lets the run go on.)")
+    return {"sync/push_trimmed_abs_diff": trimmed, "sync/push_max_abs_diff": worst}
 
 
 _LAYER = re.compile(r"layers\.(\d+)\.")  # the decoder layer in a parameter's name, as the trainer and vLLM write it

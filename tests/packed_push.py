@@ -1,12 +1,13 @@
 """A weight push into vLLM's packed CPU engine, run in a process of its own (vLLM runs in-process here).
 
-    python tests/packed_push.py MODEL_DIR
+    python tests/packed_push.py MODEL_DIR [DTYPE]     # float32 (the default) or bfloat16
 
 Creates the engine as training does (`rollout.make_engine`: vLLM's packed oneDNN/SGL kernels, weights kept),
 perturbs a copy of the model, and pushes it twice: first without rebuilding the packed kernels, then with it
 (what `weight_sync.push_weights` does by default on the CPU). After each push the probe check of training
-(`weight_sync.check_sync`) compares vLLM's log-probabilities of a fixed completion with the perturbed model's. Prints
-one JSON line: the worst gap after each push and whether the check passed.
+(`weight_sync.check_sync`, at the dtype's tolerance) compares vLLM's log-probabilities of a fixed completion with
+the perturbed model's. Prints one JSON line: the probe's trimmed and largest gap after each push, and whether the
+check passed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 import rollout  # noqa: E402
 from plumbing import weight_sync  # noqa: E402
 
-TOLERANCE = 1e-3  # config.SYNC_TOLERANCE in float32
+from config import SYNC_TOLERANCE  # noqa: E402
 
 
 def trainer_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
@@ -40,37 +41,41 @@ def trainer_logprobs(model, prompt: list[int], completion: list[int]) -> torch.T
     return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None])[:, 0]  # (T,)
 
 
-def check(llm, prompt, completion, expected) -> dict:
+def check(llm, prompt, completion, expected, tolerance: float = SYNC_TOLERANCE[torch.float32]) -> dict:
     vllm = weight_sync.vllm_token_logprobs(llm, prompt, completion)
     try:
-        return {"passed": True, "gap": weight_sync.check_sync(vllm, expected, TOLERANCE)}
-    except weight_sync.WeightSyncError:
-        return {"passed": False, "gap": float((vllm - expected).abs().max())}
+        gaps = weight_sync.check_sync(vllm, expected, tolerance)
+        return {"passed": True, "gap": gaps["sync/push_max_abs_diff"], "trimmed": gaps["sync/push_trimmed_abs_diff"]}
+    except weight_sync.WeightSyncError as error:
+        return {"passed": False, "gap": float((vllm - expected).abs().max()), "message": str(error)}
 
 
-def main(model_dir: str) -> None:
+def main(model_dir: str, dtype_name: str = "float32") -> None:
     runtime.single_process_defaults()
-    llm = rollout.make_engine(model_dir, dtype="float32", seed=0, max_model_len=256, gpu_memory_utilization=0.5,
+    dtype = getattr(torch, dtype_name)
+    llm = rollout.make_engine(model_dir, dtype=dtype_name, seed=0, max_model_len=256, gpu_memory_utilization=0.5,
                               enable_sleep_mode=False)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in model.parameters():  # a large update: every weight moves by ~2 % of a unit normal
             param.add_(0.02 * torch.randn(param.shape, generator=generator))
+    model = model.to(dtype)
     vocab = model.config.vocab_size
     prompt, completion = [(7 * i + 3) % vocab for i in range(24)], [(11 * i + 5) % vocab for i in range(16)]
     expected = trainer_logprobs(model, prompt, completion)
     weights = [(name, p.detach()) for name, p in model.named_parameters()]
-    without = check_after(llm, weights, prompt, completion, expected, repack=False)
-    with_repack = check_after(llm, weights, prompt, completion, expected, repack=None)  # the default
+    tolerance = SYNC_TOLERANCE[dtype]
+    without = check_after(llm, weights, prompt, completion, expected, tolerance, repack=False)
+    with_repack = check_after(llm, weights, prompt, completion, expected, tolerance, repack=None)  # the default
     print("RESULT " + json.dumps({"without_repack": without, "with_repack": with_repack,
                                   "packed": weight_sync.cpu_kernels_are_packed()}), flush=True)
 
 
-def check_after(llm, weights, prompt, completion, expected, *, repack) -> dict:
+def check_after(llm, weights, prompt, completion, expected, tolerance, *, repack) -> dict:
     weight_sync.push_weights(llm, iter(weights), repack=repack)
-    return check(llm, prompt, completion, expected)
+    return check(llm, prompt, completion, expected, tolerance)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

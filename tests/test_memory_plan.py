@@ -49,12 +49,17 @@ def test_llama_8b_plan_by_hand():
     resident = 16_060_522_496 + 7_022_695_936 + 12_045_391_872 + 16_060_522_496 + 2 * GIB
     assert plan.phase("resident") == resident == 53_336_616_448  # 49.67 GiB
 
-    # training: L = 2 × (1024 + 7 × 1024) = 16384 packed tokens, T = 2 × 7 × 1024 = 14336 predicted ones
-    assert parts["activations: layers"] == 32 * 16384 * 4096 * 2 + 16384 * (7 * 4096 + 3 * 1024 + 4 * 14336) * 2
-    assert parts["activations: layers"] == 4_294_967_296 + 2_919_235_584
-    assert parts["activations: logits and their gradient"] == 2 * 14336 * 128256 * 2 == 7_354_712_064
-    assert parts["activations: attention mask"] == 16384**2 * 3 == 805_306_368
-    assert plan.training_peak == resident + 7_214_202_880 + 7_354_712_064 + 805_306_368 == 68_710_837_760  # 64.0 GiB
+    # training: L = 2 × (1024 + 7 × 1024) = 16384 packed tokens, T = 2 × 7 × 1024 = 14336 predicted ones; with
+    # gradient checkpointing each layer keeps its input, and the output head outweighs one recomputed layer
+    assert parts["activations: layer inputs (checkpointed)"] == 32 * 16384 * 4096 * 2 == 4_294_967_296
+    layer = 16384 * (10 * 4096 + 4 * 14336) * 2
+    head = 2 * 14336 * 128256 * 2 + 3 * 512 * 128256 * 4 + (5 * 16384 + 14336) * 4096 * 2
+    assert (layer, head) == (3_221_225_472, 8_931_246_080)
+    assert parts["activations: head or one recomputed layer"] == head
+    assert parts["activations: attention mask"] == 16384**2 * 3 == 805_306_368  # 16384 is a multiple of 8
+    assert parts["vLLM asleep: buffers outside its sleep pool"] == GIB
+    training = 4_294_967_296 + 8_931_246_080 + 805_306_368 + GIB
+    assert plan.training_peak == resident + training == 68_441_878_016  # 63.7 GiB
 
     # rollout: vLLM's share 0.36 of 80 GiB = weights + working memory + KV cache
     working = 16384 * 3 * 14336 * 2 + 2 * 1024 * 128256 * 4 + GIB
@@ -82,8 +87,9 @@ def test_without_sleep_the_activations_and_vllm_add_up():
     cfg = load_config(ROOT / "recipes" / "llama3.1-8b.toml")
     asleep = plan_memory(cfg, architecture(cfg.model), world_size=8, total_bytes=80 * GIB)
     awake = plan_memory(cfg, architecture(cfg.model), world_size=8, total_bytes=80 * GIB, sleep=False)
+    # awake, what vLLM keeps outside its sleep pool is inside its share
     assert awake.training_peak == pytest.approx(asleep.phase("resident") + asleep.phase("training")
-                                                + asleep.phase("rollout"))
+                                                - memory_plan.VLLM_ASLEEP + asleep.phase("rollout"))
     assert awake.problems() and awake.fitting_share < asleep.fitting_share
 
 
@@ -136,7 +142,7 @@ def test_llama_8b_lora_plan_on_one_gpu_by_hand():
     assert parts["reference model"] == 0.0
     resident = 2 * P + 83_886_080 + 335_544_320 + 503_316_480 + 2 * GIB
     assert plan.phase("resident") == resident == 19_130_753_024  # 17.8 GiB
-    assert plan.training_peak == resident + 7_214_202_880 + 7_354_712_064 + 805_306_368  # activations as in 8B
+    assert plan.training_peak == resident + 4_294_967_296 + 8_931_246_080 + 805_306_368 + GIB  # as in 8B
     assert plan.free_at_engine_start == total - resident == 66_768_592_896
     assert plan.fitting_share == 0.77 and plan.share == 0.7
     assert plan.kv_cache == pytest.approx(0.7 * total - 2 * P - 3_533_701_120)
@@ -148,3 +154,36 @@ def test_llama_8b_lora_plan_on_one_gpu_by_hand():
 def test_a_lora_target_the_plan_does_not_know_is_named():
     with pytest.raises(memory_plan.ArchitectureError, match="qkv_proj"):
         memory_plan.lora_parameters(KNOWN_ARCHITECTURES["Qwen2.5-7B-Instruct"], 8, ["q_proj", "qkv_proj"])
+
+
+# One micro-batch's forward and backward on an NVIDIA H200 (bench/cuda_memory.py, torch 2.11 + transformers 5.17,
+# 2026-11-28): torch.cuda.max_memory_allocated() above what was allocated before it, in MiB, random bfloat16 weights
+# with LoRA of rank 16, every completion at its longest; (model, layers, shape, checkpointing, measured MiB), shape
+# = (prompts_per_device, prompt tokens, G, completion tokens). A prompt 3 tokens short of its limit makes L not a
+# multiple of 8.
+MEASURED_ON_H200 = [
+    ("Qwen2.5-0.5B", 12, (1, 829, 7, 128), False, 2730),
+    ("Qwen2.5-0.5B", 24, (1, 829, 7, 128), False, 3830),
+    ("Llama-3.1-8B-Instruct", 2, (2, 1021, 7, 1024), True, 9050),
+    ("Llama-3.1-8B-Instruct", 4, (2, 1021, 7, 1024), True, 9306),
+    ("Llama-3.1-8B-Instruct", 2, (2, 1021, 7, 1024), False, 14694),
+    ("Llama-3.1-8B-Instruct", 4, (2, 1021, 7, 1024), False, 20848),
+    ("Qwen2.5-7B-Instruct", 4, (2, 1021, 7, 1024), True, 10697),
+    ("Qwen2.5-7B-Instruct", 4, (2, 1021, 7, 1024), False, 24001),
+]
+QWEN_05B = memory_plan.Architecture(hidden=896, layers=24, intermediate=4864, vocab=151936, heads=14, kv_heads=2,
+                                    head_dim=64, qkv_bias=True, tied_embeddings=True)
+
+
+@pytest.mark.parametrize("name, layers, shape, checkpointing, measured", MEASURED_ON_H200)
+def test_the_planned_activations_are_within_7_percent_of_a_gpus(name, layers, shape, checkpointing, measured):
+    """The plan's activations against what CUDA allocated for the same micro-batch. The plan before this
+    measurement counted 7h + 3·kv + 4I per layer and token and only the logits at the head: it fell 9-43 % short
+    without checkpointing (0.57 of the 0.5B's 12 layers) and 19 % over with it."""
+    arch = dataclasses.replace(QWEN_05B if name == "Qwen2.5-0.5B" else KNOWN_ARCHITECTURES[name], layers=layers)
+    prompts, prompt_tokens, generations, completion_tokens = shape
+    cfg = dataclasses.replace(load_config(ROOT / "config.toml"), prompts_per_device=prompts,
+                              max_prompt_tokens=prompt_tokens, num_generations=generations,
+                              max_completion_tokens=completion_tokens, gradient_checkpointing=checkpointing)
+    planned = sum(memory_plan.activation_bytes(cfg, arch, 2).values()) / 2**20
+    assert 0.93 <= planned / measured <= 1.07

@@ -7,7 +7,7 @@ fraction, ratios, importance weights), `completion/*`, `stage2/*`, `sync/*`, `tr
 - counts are summed over ranks (COUNT_KEYS: `reward/issues`, `reward/timeouts`, `reward/grader_errors`,
   `stage2/too_long`, `rollout/replaced_groups`): one grader error on one rank of eight logs 1, not 0.125;
 - maxima take the largest value of any rank (MAX_KEYS: `completion/length_max`, `sync/push_max_abs_diff`,
-  `sync/weight_sums_gap`);
+  `sync/push_trimmed_abs_diff`, `sync/weight_sums_gap`, `memory/peak_gib`);
 - values that are already the same on every rank are logged as they are (GLOBAL_KEYS): the `loss/*` metrics of
   grpo_loss, whose sums, minima and maxima are all-reduced before they are turned into means, and
   `train/bad_steps_total`, which every rank counts alike (the non-finite check is all-reduced);
@@ -105,7 +105,8 @@ class Step:
 GLOBAL_KEYS = {"loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
                "loss/importance_mean", "loss/importance_capped_frac", "train/bad_steps_total"}
 COUNT_KEYS = {"reward/issues", "reward/timeouts", "reward/grader_errors", "stage2/too_long", "rollout/replaced_groups"}
-MAX_KEYS = {"completion/length_max", "sync/push_max_abs_diff", "sync/weight_sums_gap"}
+MAX_KEYS = {"completion/length_max", "sync/push_max_abs_diff", "sync/push_trimmed_abs_diff", "sync/weight_sums_gap",
+            "memory/peak_gib"}
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
 
@@ -156,6 +157,8 @@ def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
     }
     if first_pass:  # measured where the trainer scored the sampled tokens
         metrics["sync/vllm_trainer_gap"] = sum(map(vllm_gap, step.batches)) / len(step.batches)
+    if torch.cuda.is_available():  # against the memory plan's "peak while training", printed at start-up
+        metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     metrics = reduce_over_ranks(metrics, keep=GLOBAL_KEYS, sums=COUNT_KEYS, maxima=MAX_KEYS)
     metrics["step"] = run.step
     return metrics

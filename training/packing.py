@@ -36,6 +36,9 @@ from grpo_loss import token_logprobs
 Group = tuple[Sequence[int], Sequence[Sequence[int]]]
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+# The attention mask's rows are allocated in multiples of 8 elements (attention_mask), the alignment torch's CUDA
+# attention asks of a mask's strides (docs/library-notes.md, "The packed mask on CUDA").
+MASK_ALIGNMENT = 8
 
 
 @dataclass
@@ -140,7 +143,11 @@ def attention_mask(model, allowed: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"packed sequences need a 4D attention mask, which attn_implementation={implementation!r} "
                          f"does not take; load the model with one of {SUPPORTED_ATTENTION}")
     dtype = next(model.parameters()).dtype
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    L = allowed.shape[-1]
+    # Rows padded to a multiple of MASK_ALIGNMENT and sliced back to L: CUDA's memory-efficient attention copies a
+    # mask whose strides are not multiples of 8 into an aligned one, in every layer, and keeps it for backward.
+    row = -(-L // MASK_ALIGNMENT) * MASK_ALIGNMENT
+    mask = torch.zeros((L, row), dtype=dtype, device=allowed.device)[:, :L]  # (L, L), strides (row, 1)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]  # (1, 1, L, L)
 
 

@@ -75,6 +75,9 @@ def check_fits(cfg: Config, num_parameters: int, dtype, trainable: int | None = 
                                        sleep=cfg.vllm_sleep and weight_sync.sleep_supported())
         if plan.problems():
             raise SystemExit(f"error: this config does not fit on these GPUs (memory_plan.py):\n{plan.table()}")
+        # the figure to hold `memory/peak_gib` against in the first steps (docs/gpus.md, "The first run on a GPU")
+        runtime.print0(f"memory plan: peak while training {plan.training_peak / 2**30:.1f} GiB of "
+                       f"{plan.total / 2**30:.1f} per GPU (--plan-memory shows its parts)")
         return
     need = host_bytes_needed(cfg, num_parameters, num_parameters if trainable is None else trainable, dtype, world)
     have = psutil.virtual_memory().available / runtime.ranks_on_this_node()

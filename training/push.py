@@ -75,12 +75,14 @@ class WeightPush:
             metrics["sync/weight_sums_gap"] = weight_sync.check_weight_sums(
                 sums, weight_sync.engine_weight_sums(self.llm, sums.scope))
         weight_sync.wake_kv_cache(self.llm, sleeping)
-        metrics["sync/push_max_abs_diff"] = self.check_probe(engine)
+        sums_said = "were not compared (float32)" if sums is None else "matched: every pushed value landed bit for bit"
+        metrics |= self.check_probe(engine, sums_said)
         metrics["time/weight_push"] = time.perf_counter() - start
         return metrics
 
-    def check_probe(self, engine) -> float:
-        """The probe's worst |vLLM − trainer| log-probability; raises weight_sync.WeightSyncError beyond tolerance."""
+    def check_probe(self, engine, sums_said: str) -> dict[str, float]:
+        """The probe's trimmed and largest |vLLM − trainer| log-probability (weight_sync.check_sync); raises
+        weight_sync.WeightSyncError when the trimmed one is beyond tolerance."""
         prompt, completion = self.probe
         device = next(getattr(engine, "module", engine).parameters()).device
         engine.eval()
@@ -88,4 +90,4 @@ class WeightPush:
             trainer = packing.completion_logprobs(engine, packing.pack([(prompt, [completion])], device))[0]
         engine.train()
         vllm = weight_sync.vllm_token_logprobs(self.llm, prompt, completion, self.lora_request)
-        return weight_sync.check_sync(vllm, trainer, self.tolerance)
+        return weight_sync.check_sync(vllm, trainer, self.tolerance, sums_said)
