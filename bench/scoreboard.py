@@ -7,8 +7,8 @@ The decision set (`decision_set`): the synthetic eval split (data/synth/eval.jso
 held-out items (data/heldout/faithfulness.jsonl, 40), scored as `--eval` scores them (em and contains, fractions);
 and, from `--benchmarks DIR` (the user's own copies; left out when not given), ConFiQA-QA/MR/MC.dev25.json under the
 `confiqa` suite (em, ps, mr in percent, pooled as confiqa75), items 0-299 of followrag-nq.json under `followrag`
-(em) and items 0-499 of cnq-nqswap.dev500.json (NQ-Swap in CANOE's CNQ format) under `cnq` (em; contains and org,
-`per_item_hits`), scored by the official rules (suites.py). Every item is answered: no prompt is dropped for its length.
+(em) and items 0-499 of cnq-nqswap.dev500.json (NQ-Swap in CANOE's CNQ format) under `cnq` (em; contains,
+sentence and org, `per_item_hits`), scored by the official rules (suites.py). Every item is answered: no prompt is dropped for its length.
 
 The two sides:
 - the policy, under `--config`'s prompt (the one it was trained with). A LoRA checkpoint (a `policy/` folder with
@@ -106,7 +106,7 @@ ROWS = (("synthetic", ("synthetic",), ("em", "contains")), ("heldout", ("heldout
         ("confiqa-qa", ("confiqa-qa",), ("em", "ps", "mr")), ("confiqa-mr", ("confiqa-mr",), ("em", "ps", "mr")),
         ("confiqa-mc", ("confiqa-mc",), ("em", "ps", "mr")),
         ("confiqa75", ("confiqa-qa", "confiqa-mr", "confiqa-mc"), ("em", "ps", "mr")), ("nq300", ("nq300",), ("em",)),
-        ("cnq500", ("cnq500",), ("em", "contains", "org")))
+        ("cnq500", ("cnq500",), ("em", "contains", "sentence", "org")))
 
 
 # ------------------------------------------------------------------------------------------------ the intervals
@@ -296,9 +296,11 @@ def generate(cfg, model: Path, dtype: str, requests: list[tuple[list[int], int]]
 
 def per_item_hits(target: Target, items: list, outputs: list[str]) -> dict[str, np.ndarray]:
     """0/1 per item for each counted hit: em and contains (synthetic format); em, ps, po (ConFiQA); em (FollowRAG);
-    em, contains and org (CNQ). CNQ's contains is the gold inside the answer and org the original answer inside it
-    (as ConFiQA's ps and po read them, without the negation guard that CNQ's em lacks too): em rewards the short
-    format as much as the reading, contains reads the passage apart from the format, org counts memory winning."""
+    em, contains, sentence and org (CNQ). CNQ's contains is the gold inside the answer and org the original answer
+    inside it (as ConFiQA's ps and po read them, without the negation guard that CNQ's em lacks too): em rewards
+    the short format as much as the reading, contains reads the passage apart from the format, org counts memory
+    winning. sentence is the gold inside the `<long_answer>`, or inside the whole output where there is none (the
+    plain base's answer), so that a sentence is held against a sentence rather than a short answer."""
     if target.suite is None:
         rows = evaluate.item_scores(items, outputs)
         names = ("em", "contains")
@@ -306,9 +308,11 @@ def per_item_hits(target: Target, items: list, outputs: list[str]) -> dict[str, 
         answers = [suites.extract(text)["answer"] for text in outputs]
         rows = [suites.item_hits(target.suite, item, answer) for item, answer in zip(items, answers)]
         if target.suite == "cnq":
+            sentences = [suites.extract(text)["long_answer"] for text in outputs]
             rows = [{**row, "contains": suites.recall(answer, item.golds, negation_guard=False),
+                     "sentence": suites.recall(sentence, item.golds, negation_guard=False),
                      "org": suites.recall(answer, item.others, negation_guard=False)}
-                    for row, item, answer in zip(rows, items, answers)]
+                    for row, item, answer, sentence in zip(rows, items, answers, sentences)]
         names = tuple(rows[0])
     return {name: np.array([float(row[name]) for row in rows]) for name in names}
 
@@ -380,20 +384,24 @@ def print_table(table: dict) -> None:
     print("(95 % bootstrap intervals over items; the difference is paired; * where its interval excludes 0)")
 
 
-def results_line(table: dict, seed, dtype: str, recipe: str, copied: int, total: int, against: str = "plain") -> str:
-    """The RESULTS line: cnq500 em and contains, confiqa75 em, nq300 em, synthetic contains, each against the
-    baseline, `against` (the plain base unless --plain names another prompt; cnq500's contains without its own
-    interval, to keep the line short)."""
+def results_line(table: dict, seed, dtype: str, recipe: str, copied: dict[str, int], total: int,
+                 against: str = "plain") -> str:
+    """The RESULTS line: cnq500 em, contains and sentence, confiqa75 em, nq300 em, synthetic contains, each against
+    the baseline, `against` (the plain base unless --plain names another prompt; cnq500's contains and sentence
+    without their own interval, to keep the line short), then the example's copies in all and in cnq500."""
     parts = []
     if "cnq500" in table:
-        em, contains = table["cnq500"]["em"], table["cnq500"]["contains"]
+        em, contains, sentence = (table["cnq500"][m] for m in ("em", "contains", "sentence"))
         parts.append(f"cnq500 em {fmt(em['policy'], True)} vs {against} {fmt(em['difference'], True)}, "
-                     f"contains {contains['policy'][0]:.1f} vs {against} {fmt(contains['difference'], True)}")
+                     f"contains {contains['policy'][0]:.1f} vs {against} {fmt(contains['difference'], True)}, "
+                     f"sentence {sentence['policy'][0]:.1f} vs {against} {fmt(sentence['difference'], True)}")
     for row, metric, percent in (("confiqa75", "em", True), ("nq300", "em", True), ("synthetic", "contains", False)):
         if row in table:
             r = table[row][metric]
             parts.append(f"{row} {metric} {fmt(r['policy'], percent)} vs {against} {fmt(r['difference'], percent)}")
-    parts.append(f"example copied {copied} of {total}")
+    parts.append(f"example copied {sum(copied.values())} of {total}")
+    if "cnq500" in table:
+        parts.append(f"cnq500 copied {copied.get('cnq500', 0)} of {table['cnq500']['em']['n']}")
     return f"scoreboard (seed {seed}, {dtype}, {recipe}): " + "; ".join(parts)
 
 
@@ -496,7 +504,7 @@ def main(argv: list[str] | None = None) -> None:
          f"(seed {seed}, {run_dtype}) against {baseline or 'the plainly prompted base'}")
     print(f"written to {out / 'scoreboard.json'} and scoreboard.png")
     against = baseline or "plain"
-    line = results_line(table, seed, run_dtype, recipe, sum(copied.values()), total, against)
+    line = results_line(table, seed, run_dtype, recipe, copied, total, against)
     report["results_line"] = line
     (out / "scoreboard.json").write_text(json.dumps(report, indent=1))
     print(line)

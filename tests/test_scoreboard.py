@@ -176,6 +176,13 @@ def test_cnq_counts_the_gold_and_the_original_answer_inside_the_answer_span(tmp_
     assert hit["em"].tolist() == [1.0, 0.0, 0.0, 0.0]
     assert hit["contains"].tolist() == [1.0, 1.0, 0.0, 1.0]
     assert hit["org"].tolist() == [0.0, 1.0, 1.0, 0.0]
+    # sentence: the gold in the <long_answer>, or in the whole output where it wrote none (a plain answer)
+    sentences = ["<long_answer>The passage names Robin Cousins.</long_answer>\n<answer>William Bryan</answer>",
+                 "<long_answer>It was written long ago.</long_answer>\n<answer>Robin Cousins</answer>",
+                 "<answer>Robin Cousins</answer>", "It was Robin Cousins."]
+    sentence = sb.per_item_hits(target, items, sentences)
+    assert sentence["sentence"].tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert sentence["contains"].tolist() == [0.0, 1.0, 1.0, 1.0]
     # the file CANOE's code reads has no org_answer: nothing is counted as memorised
     path.write_text(json.dumps([{"question": "q", "context": "c", "answer": "Robin Cousins"}]))
     assert sb.per_item_hits(target, sb.read_items(target)[0], ["<answer>W. Bryan</answer>"])["org"].tolist() == [0.0]
@@ -183,19 +190,22 @@ def test_cnq_counts_the_gold_and_the_original_answer_inside_the_answer_span(tmp_
 
 def test_the_results_line_leads_with_cnq500():
     def row(policy, diff):
-        return {"policy": policy, "plain": [0.0, 0.0, 0.0], "difference": diff, "n": 1}
+        return {"policy": policy, "plain": [0.0, 0.0, 0.0], "difference": diff, "n": 500}
 
     table = {"cnq500": {"em": row([41.2, 37.0, 45.6], [12.0, 8.2, 15.8]), "contains": row([60.4, 56.0, 64.8],
-                                                                                           [-1.5, -4.0, 1.1])},
+                                                                                           [-1.5, -4.0, 1.1]),
+                        "sentence": row([55.0, 50.6, 59.4], [1.0, -3.0, 5.0])},
              "confiqa75": {"em": row([60.0, 49.3, 70.7], [4.0, -6.7, 14.7])},
              "nq300": {"em": row([16.0, 12.0, 20.3], [-1.0, -5.0, 2.7])},
              "synthetic": {"contains": row([0.7, 0.65, 0.75], [-0.007, -0.057, 0.043])}}
-    assert sb.results_line(table, 7, "bfloat16", "config.toml", 3, 1215) == (
+    copied = {"cnq500": 2, "synthetic": 1}
+    assert sb.results_line(table, 7, "bfloat16", "config.toml", copied, 1215) == (
         "scoreboard (seed 7, bfloat16, config.toml): cnq500 em 41.2 [37.0, 45.6] vs plain 12.0 [8.2, 15.8], "
-        "contains 60.4 vs plain -1.5 [-4.0, 1.1]; confiqa75 em 60.0 [49.3, 70.7] vs plain 4.0 [-6.7, 14.7]; "
-        "nq300 em 16.0 [12.0, 20.3] vs plain -1.0 [-5.0, 2.7]; synthetic contains 0.700 [0.650, 0.750] vs plain "
-        "-0.007 [-0.057, 0.043]; example copied 3 of 1215")
-    against = sb.results_line(table, 7, "bfloat16", "config.toml", 3, 1215, "the base with config.toml's prompt")
+        "contains 60.4 vs plain -1.5 [-4.0, 1.1], sentence 55.0 vs plain 1.0 [-3.0, 5.0]; confiqa75 em 60.0 "
+        "[49.3, 70.7] vs plain 4.0 [-6.7, 14.7]; nq300 em 16.0 [12.0, 20.3] vs plain -1.0 [-5.0, 2.7]; synthetic "
+        "contains 0.700 [0.650, 0.750] vs plain -0.007 [-0.057, 0.043]; example copied 3 of 1215; cnq500 copied 2 "
+        "of 500")
+    against = sb.results_line(table, 7, "bfloat16", "config.toml", copied, 1215, "the base with config.toml's prompt")
     assert "cnq500 em 41.2 [37.0, 45.6] vs the base with config.toml's prompt 12.0 [8.2, 15.8]" in against
     assert " vs plain " not in against
 
@@ -230,7 +240,7 @@ def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
     assert set(report["table"]) == {"synthetic", "heldout", "confiqa-qa", "confiqa-mr", "confiqa-mc", "confiqa75",
                                     "nq300", "cnq500"}
     assert report["table"]["confiqa75"]["em"]["n"] == 24 and set(report["table"]["confiqa75"]) == {"em", "ps", "mr"}
-    assert set(report["table"]["cnq500"]) == {"em", "contains", "org"}
+    assert set(report["table"]["cnq500"]) == {"em", "contains", "sentence", "org"}
     assert report["items"] == 78 and report["eval_dtype"] == "float32"
     for metrics in report["table"].values():
         for r in metrics.values():
@@ -240,9 +250,10 @@ def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
     line = first.stdout.strip().splitlines()[-1]
     interval = r"-?[\d.]+ \[-?[\d.]+, -?[\d.]+\]"
     assert re.fullmatch(rf"scoreboard \(seed \d+, float32, config\.toml\): cnq500 em {interval} vs plain "
-                        rf"{interval}, contains -?[\d.]+ vs plain {interval}; confiqa75 em {interval} vs plain "
-                        rf"{interval}; nq300 em {interval} vs plain {interval}; synthetic contains {interval} vs "
-                        rf"plain {interval}; example copied \d+ of 78", line), line
+                        rf"{interval}, contains -?[\d.]+ vs plain {interval}, sentence -?[\d.]+ vs plain {interval}; "
+                        rf"confiqa75 em {interval} vs plain {interval}; nq300 em {interval} vs plain {interval}; "
+                        rf"synthetic contains {interval} vs plain {interval}; example copied \d+ of 78; cnq500 copied "
+                        rf"\d+ of 4", line), line
     assert report["results_line"] == line
     assert (policy.parent / "scoreboard.png").stat().st_size > 0
     predictions = (policy.parent / "scoreboard.predictions.jsonl").read_text().splitlines()
