@@ -241,9 +241,10 @@ def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence
     return torch.tensor([step[token].logprob for step, token in zip(steps, completion_ids)], dtype=torch.float32)
 
 
-# The probe's statistic sets aside its worst tenth of tokens: kernel rounding moves a few tokens by tenths of a nat in
-# bfloat16, while stale kernels or an engine that does not read the pushed weights move most tokens.
-PROBE_SET_ASIDE = 0.1
+# The probe's statistic sets aside its worst quarter of tokens: kernel rounding moves a few tokens by tenths of a nat
+# in bfloat16 (on one CPU's kernels up to 4 of 34 beyond 0.5), while stale kernels or an engine that does not read
+# the pushed weights move most tokens.
+PROBE_SET_ASIDE = 0.25
 
 
 def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tolerance: float,

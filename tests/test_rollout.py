@@ -90,11 +90,11 @@ def probe(off: int, by: float, tokens: int = 34) -> tuple[torch.Tensor, torch.Te
 @pytest.mark.parametrize("tolerance", [1e-3, 0.5], ids=["float32", "bfloat16"])
 def test_one_token_of_many_off_by_a_nat_passes_the_probe(tolerance):
     """Kernel rounding moves a few tokens far (a rare token's log-probability in bfloat16): the trimmed maximum sets
-    the worst tenth of the probe's tokens aside, and the largest gap is still logged."""
+    the worst quarter of the probe's tokens aside, and the largest gap is still logged."""
     gaps = check_sync(*probe(off=1, by=1.0), tolerance=tolerance)
     assert gaps["sync/push_max_abs_diff"] == pytest.approx(1.0)
     assert gaps["sync/push_trimmed_abs_diff"] == pytest.approx(1e-5, abs=1e-6)
-    assert check_sync(*probe(off=3, by=1.0), tolerance=tolerance)["sync/push_trimmed_abs_diff"] <= tolerance
+    assert check_sync(*probe(off=8, by=1.0), tolerance=tolerance)["sync/push_trimmed_abs_diff"] <= tolerance
 
 
 @pytest.mark.parametrize("tolerance", [1e-3, 0.5], ids=["float32", "bfloat16"])
@@ -103,12 +103,12 @@ def test_most_tokens_off_by_a_nat_fail_the_probe_with_every_figure_named(toleran
         check_sync(*probe(off=30, by=1.0), tolerance=tolerance, sums="matched: every pushed value landed bit for bit")
     message = str(caught.value)
     assert f"`sync_tolerance` = {tolerance:g} nats on 30 of its 34 tokens" in message
-    assert "trimmed maximum |Δ| (the largest after the worst 3 set aside) is 1," in message
+    assert "trimmed maximum |Δ| (the largest after the worst 8 set aside) is 1," in message
     assert f"{1 - tolerance:.3g} over" in message and "weight sums matched" in message
     assert "a `sync_tolerance` above 1 lets the run go on" in message
-    # four tokens beyond the tolerance are one more than a 34-token probe sets aside
-    with pytest.raises(WeightSyncError, match="on 4 of its 34 tokens"):
-        check_sync(*probe(off=4, by=1.0), tolerance=tolerance)
+    # nine tokens beyond the tolerance are one more than a 34-token probe sets aside
+    with pytest.raises(WeightSyncError, match="on 9 of its 34 tokens"):
+        check_sync(*probe(off=9, by=1.0), tolerance=tolerance)
 
 
 def test_check_sync_fails_with_a_message_naming_the_token():
