@@ -35,8 +35,8 @@ data: setup
 train: setup data
 	$(VENV)/bin/deepspeed canoe.py --config config.toml
 
-# Greedy faithfulness evaluation of the base model and of the default run's latest policy, on the config's
-# eval_file or on any JSONL of the same format: `make eval EVAL_FILE=data/heldout/faithfulness.jsonl`.
+# Greedy faithfulness evaluation of the base model and of the default run's latest policy (its adapter merged into
+# the base in float32), on the config's eval_file or any JSONL of that format: `make eval EVAL_FILE=F`.
 EVAL_FILE ?=
 EVAL_ARGS := $(if $(EVAL_FILE),--eval-file $(EVAL_FILE))
 eval: setup data

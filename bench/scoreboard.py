@@ -197,31 +197,16 @@ class Side:
 
 
 def policy_folder(model: Path, work: Path) -> tuple[Path, str, dict | None]:
-    """The folder vLLM loads for `model`, its digest, and what it was merged from.
-
-    A LoRA checkpoint's `policy/` is merged in its training dtype; the scoreboard evaluates every LoRA checkpoint
-    one way instead: the adapter (`adapter/` beside it) merged in float32 into its base as stored, exact to
-    float32's rounding, so that a checkpoint trained in bfloat16 and one trained in float32 are read alike and vLLM
-    runs its ordinary kernels. The merge is skipped when the outputs are cached (the digest is the adapter's and
-    the base's, known before merging).
-    """
-    adapter = model.parent / "adapter"
-    if model.name != "policy" or not (adapter / "adapter_config.json").exists():
+    """The folder vLLM loads for `model`, its digest, and what it was merged from: a LoRA checkpoint is evaluated
+    as `--eval` evaluates it, its adapter merged into its base in float32 (evaluate.lora_checkpoint), into
+    `work/merged`. The merge is skipped when the outputs are cached (the digest is the adapter's and the base's,
+    known before merging)."""
+    source = evaluate.lora_checkpoint(str(model))
+    if source is None:
         return model, model_digest(model), None
-    base = Path(json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"])
+    base, adapter = Path(source[0]), Path(source[1])
     digest = hashlib.sha256((model_digest(base) + digest_files(list(adapter.iterdir()))).encode()).hexdigest()
     return work / "merged", digest, {"base": str(base), "adapter": str(adapter)}
-
-
-def merge_in_float32(base: str, adapter: str, target: Path) -> None:
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    merged.save_pretrained(target)
-    AutoTokenizer.from_pretrained(base).save_pretrained(target)
 
 
 def read_items(target: Target) -> tuple[list, list[str]]:
@@ -261,7 +246,7 @@ def answer(side: Side, targets: list[Target], problems: dict[str, list[str]], to
         return outputs
     if side.merged_from is not None and not side.model.exists():
         print(f"{side.name}: merging {side.merged_from['adapter']} into its base in float32")
-        merge_in_float32(side.merged_from["base"], side.merged_from["adapter"], side.model)
+        evaluate.merge_in_float32(side.merged_from["base"], side.merged_from["adapter"], side.model)
     start_time = time.perf_counter()
     texts = generate(cfg, side.model, dtype, [(ids, max_tokens) for _, all_ids, max_tokens, _ in todo
                                               for ids in all_ids])

@@ -39,6 +39,7 @@ from __future__ import annotations
 from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
 import json
+import tempfile
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -105,45 +106,54 @@ def sampling_settings(model: str, sample: bool) -> dict[str, Any]:
 def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, Any], max_model_len: int,
              max_tokens: int) -> list[str]:
     """One answer per prompt of at most `max_tokens` new tokens from a vLLM engine on `model`; the config's response
-    prefix is put back in front. A LoRA checkpoint merged outside float32 runs as base + adapter (`policy_source`)."""
+    prefix is put back in front. A LoRA checkpoint is run as its adapter merged into its base in float32
+    (`lora_checkpoint`), in a folder beside it that is removed afterwards."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
-    from vllm.lora.request import LoRARequest
 
     import rollout
 
     runtime.single_process_defaults()
     dtype = runtime.resolve_dtype(cfg.dtype)
-    engine_model, adapter, rank = policy_source(model)
-    llm = rollout.make_engine(engine_model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
-                              max_model_len=max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                              enable_sleep_mode=False, cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib, lora_rank=rank)
-    params = SamplingParams(n=1, max_tokens=max_tokens, seed=cfg.seed, **settings)
-    request = {"lora_request": LoRARequest("policy", 1, str(adapter))} if adapter else {}
-    results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=True,
-                           **request)
+    with tempfile.TemporaryDirectory(dir=Path(model).parent) as work:
+        if source := lora_checkpoint(model):
+            model = str(Path(work) / "merged")
+            print(f"merging {source[1]} into {source[0]} in float32 for the evaluation")
+            merge_in_float32(*source, Path(model))
+        llm = rollout.make_engine(model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
+                                  max_model_len=max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                                  enable_sleep_mode=False, cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib)
+        params = SamplingParams(n=1, max_tokens=max_tokens, seed=cfg.seed, **settings)
+        results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=True)
     return [cfg.response_prefix + r.outputs[0].text for r in results]
 
 
-def policy_source(model: str) -> tuple[str, Path | None, int]:
-    """What the engine loads to evaluate `model`: (model folder, adapter folder or None, the adapter's rank or 0).
+def lora_checkpoint(model: str) -> tuple[str, str] | None:
+    """(base model folder, adapter folder) when `model` is a LoRA run's checkpoint, else None.
 
-    A LoRA run's checkpoint holds `policy/`, the merged W + s·B·A in the training dtype (its config.json says
-    which), and `adapter/` beside it (checkpoint.save_policy). A merge in float32 is exact to ~1e-7 of W, and
-    `policy/` is loaded as it is. A merge in bfloat16 lost every entry of s·B·A below half a step of W, whatever
-    dtype the evaluation runs in: the evaluation then runs the base model named in the adapter's config with the
-    adapter applied by vLLM. (bench/scoreboard.py evaluates every LoRA checkpoint one way instead: the adapter
-    merged into its base in float32.)
+    Such a checkpoint holds `policy/`, the merged W + s·B·A in the training dtype, and `adapter/` beside it
+    (checkpoint.save_policy). Every evaluation (`--eval`, `make eval`, bench/scoreboard.py) runs it one way: the
+    adapter merged into its base as stored, in float32 (`merge_in_float32`), exact to float32's rounding, so that
+    a checkpoint trained in bfloat16 (whose `policy/` lost every entry of s·B·A below half a step of W) and one
+    trained in float32 are read alike, and vLLM runs its ordinary kernels (on a CPU its adapter kernels copy the
+    adapter for every token: docs/library-notes.md, "An adapter on vLLM's CPU path").
     """
     adapter = Path(model).parent / "adapter"
     if Path(model).name != "policy" or not (adapter / "adapter_config.json").exists():
-        return model, None, 0
-    saved = json.loads((Path(model) / "config.json").read_text())
-    if saved.get("dtype", saved.get("torch_dtype", "float32")) == "float32":
-        return model, None, 0
-    config = json.loads((adapter / "adapter_config.json").read_text())
-    _check_model(config["base_model_name_or_path"])
-    return config["base_model_name_or_path"], adapter, config["r"]
+        return None
+    base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    _check_model(base)
+    return base, str(adapter)
+
+
+def merge_in_float32(base: str, adapter: str, target: Path) -> None:
+    """Write the adapter merged into its base (W + s·B·A, in float32) and the base's tokenizer to `target`."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(target)
+    AutoTokenizer.from_pretrained(base).save_pretrained(target)
 
 
 def _tokenizer_and_style(cfg, model: str, indent_system_prompt: bool | None) -> tuple[Any, dict[str, str]]:

@@ -112,29 +112,35 @@ def lora_checkpoint(tmp_path: Path, dtype: str = "bfloat16") -> tuple[Path, Path
     return base, policy
 
 
-def test_a_lora_checkpoint_merged_outside_float32_is_evaluated_as_base_and_adapter_on_any_machine(tmp_path):
-    base, policy = lora_checkpoint(tmp_path, "bfloat16")
-    assert evaluate.policy_source(str(policy)) == (str(base), policy.parent / "adapter", 4)
-    _, exact = lora_checkpoint(tmp_path, "float32")
-    assert evaluate.policy_source(str(exact)) == (str(exact), None, 0)  # merged in float32: exact, loaded as it is
-    assert evaluate.policy_source(str(base)) == (str(base), None, 0)  # a plain model folder
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_lora_checkpoint_is_evaluated_as_its_adapter_merged_in_float32_whatever_it_trained_in(tmp_path, dtype):
+    base, policy = lora_checkpoint(tmp_path, dtype)
+    assert evaluate.lora_checkpoint(str(policy)) == (str(base), str(policy.parent / "adapter"))
+    assert evaluate.lora_checkpoint(str(base)) is None  # a plain model folder is loaded as it is
 
 
-def test_the_engine_applies_the_checkpoints_adapter_to_every_request(tmp_path, monkeypatch):
+def test_the_engine_runs_the_float32_merge_and_the_merge_is_removed_afterwards(tmp_path, monkeypatch):
     import rollout
     from config import Config
 
     base, policy = lora_checkpoint(tmp_path)
-    engines, requests = [], []
+    engines, merges = [], []
 
     class Engine:
-        def generate(self, prompts, params, use_tqdm=True, lora_request=None):
-            requests.append(lora_request)
+        def generate(self, prompts, params, use_tqdm=True, **kwargs):
+            assert not kwargs  # no adapter request: the engine holds the merged weights
             return [type("Out", (), {"outputs": [type("Sample", (), {"text": "x"})]}) for _ in prompts]
 
+    def merge(base, adapter, target):
+        merges.append((base, adapter, target))
+        target.mkdir()
+
+    monkeypatch.setattr(evaluate, "merge_in_float32", merge)
     monkeypatch.setattr(rollout, "make_engine", lambda model, **kwargs: engines.append((model, kwargs)) or Engine())
     cfg = Config(dtype="bfloat16", response_prefix="")
     assert evaluate.generate(cfg, str(policy), [[1, 2]], {}, 64, 4) == ["x"]
     (model, kwargs), = engines
-    assert model == str(base) and kwargs["lora_rank"] == 4 and kwargs["dtype"] == "bfloat16"
-    assert requests[0].lora_int_id == 1 and requests[0].lora_path == str(policy.parent / "adapter")
+    ((merged_from, adapter, target),) = merges
+    assert (merged_from, adapter) == (str(base), str(policy.parent / "adapter"))
+    assert model == str(target) and target.parent.parent == policy.parent and "lora_rank" not in kwargs
+    assert kwargs["dtype"] == "bfloat16" and not target.exists()  # the merge lived as long as the engine's work

@@ -153,7 +153,7 @@ def test_a_lora_checkpoint_is_merged_in_float32_exactly(tmp_path):
     folder, digest, merged_from = sb.policy_folder(policy, tmp_path / "work")
     assert folder == tmp_path / "work" / "merged" and merged_from["adapter"] == str(policy.parent / "adapter")
     assert digest != sb.model_digest(SMOKE_MODEL)
-    sb.merge_in_float32(merged_from["base"], merged_from["adapter"], folder)
+    sb.evaluate.merge_in_float32(merged_from["base"], merged_from["adapter"], folder)
     merged = load_file(folder / "model.safetensors")
     assert expected and all(merged[k].dtype == torch.float32 for k in expected)
     for key, value in expected.items():
