@@ -22,9 +22,9 @@ reasons, in docs/differences.md; each place where this file differs names its en
 scored only, never trained on (docs/DESIGN.md, "Rollout").
 
 The command line is training/cli.py; the rewards are called and summed up in training/scoring.py; timing, metrics
-and logging live in training/metrics.py, the set-up checks in
-training/preflight.py, the DeepSpeed config and the learning-rate schedule in training/optimizer.py, the weight
-push in plumbing/ (weight_sync.py, and lora.py for a LoRA policy); this file holds what a step does.
+and logging live in training/metrics.py, the set-up checks in training/preflight.py, the DeepSpeed config and the
+learning-rate schedule in training/optimizer.py, the weight push and its proof in training/push.py (on
+plumbing/weight_sync.py, and plumbing/lora.py for a LoRA policy); this file holds what a step does.
 """
 
 from __future__ import annotations

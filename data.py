@@ -15,10 +15,9 @@ What lives here (docs/DESIGN.md, "Data"), in reading order:
    the `task` field. Evaluation sets in other shapes (ConFiQA's JSON lists) are evaluation/loaders.py's.
 2. **Prompts.** `SYSTEM_PROMPT` says what the original CANOE code's system prompt says: the passage comes in
    `<context>` tags, the instruction after two newlines, and the answer in three sections, each on its own line as
-   `- Name: <tag>what goes there</tag>`. Differs from CANOE (docs/differences.md, D9): no period after `</answer>`,
-   and the system prompt can be set in the config. `prepare_prompts` renders every prompt with the tokenizer's chat
-   template and never truncates (that would cut the `</context>` tag): a prompt longer than `max_prompt_tokens` is
-   either dropped and reported (`on_overflow="drop"`, with a warning) or an error (`on_overflow="error"`).
+   `- Name: <tag>what goes there</tag>`, with no period after `</answer>` (D9, where the system prompt can also be
+   set in the config). `prepare_prompts` renders every prompt with the tokenizer's chat template and never
+   truncates (that would cut the `</context>` tag): a prompt longer than `max_prompt_tokens` is either dropped and reported (`on_overflow="drop"`, with a warning) or an error (`on_overflow="error"`).
 3. **Batching.** `PromptSampler` gives each rank its own disjoint slice of every global batch, reshuffles
    every epoch from (seed, epoch), and saves/restores its position so a resumed run sees exactly the data it
    had not seen yet.
@@ -269,9 +268,8 @@ def build_messages(problem: str, system_prompt: str = SYSTEM_PROMPT, example: Se
     """The chat for one prompt: the system prompt, the worked example's two turns when `example` is a (problem,
     response) pair, then the problem as the user message.
 
-    An example given as an earlier exchange about its own passage is a question already answered, not text to
-    repeat: in the system prompt, its answer was given where a passage did not settle the question.
-    Differs from CANOE (docs/differences.md, D9): the system prompt and a worked example can be set in the config.
+    The example is an earlier exchange about a passage of its own, so the model reads its answer as a question
+    already answered rather than as text to repeat.
     """
     chat = [{"role": "system", "content": system_prompt}]
     if example:
@@ -464,9 +462,11 @@ class PromptSampler:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a saved state (not modified); refuse one saved with a different data or batch setup.
-
-        A state saved before the sampler lost its `drop_last` option holds `drop_last: true`, which is ignored."""
+        """Continue from a saved state (not modified); refuse one saved with a different data or batch setup, or
+        with keys this sampler does not know (saved by another version of it)."""
+        unknown = sorted(set(state) - set(self.state_dict()))
+        if unknown:
+            raise ValueError(f"sampler state has keys this sampler does not know: {', '.join(unknown)}")
         for key in ("num_rows", "seed", "global_batch_size"):
             if state[key] != getattr(self, key):
                 raise ValueError(f"sampler state has {key}={state[key]!r}, this sampler has {getattr(self, key)!r}")

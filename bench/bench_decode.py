@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CONFIGS = [  # (name, settings); "packed": False is the plain F.linear path (weight_sync.keep_cpu_linear_weights)
+CONFIGS = [  # (name, settings); "packed": False is the plain F.linear path (plain_linear)
     ("batch 7, eager, float32, packed kernels (the default)", {"batch": 7}),
     ("batch 7, eager, float32, plain F.linear", {"batch": 7, "packed": False}),
     ("batch 28 (4 prompts × 7), packed kernels", {"batch": 28}),
@@ -49,6 +49,21 @@ CONFIGS = [  # (name, settings); "packed": False is the plain F.linear path (wei
     ("batch 7, float32 with Intel OpenMP preloaded", {"batch": 7, "preload": "libiomp5.so"}),
     ("batch 7, bfloat16, Intel OpenMP preloaded", {"batch": 7, "dtype": "bfloat16", "preload": "libiomp5.so"}),
 ]
+
+
+def plain_linear(weight_sync) -> None:
+    """The lever against vLLM's packed CPU kernels: every 2-D linear layer runs `torch.nn.functional.linear` on its
+    parameter, so a push would land with nothing more to do (no re-pack). Process-wide, before the engine."""
+    import torch.nn.functional as F
+    from vllm.model_executor.layers import utils as vllm_layer_utils
+
+    def dispatch(layer, remove_weight: bool) -> None:
+        if layer.weight.ndim != 2 or layer.weight.is_meta:
+            return weight_sync.VLLM_CPU_DISPATCH(layer, remove_weight=False)
+        layer.cpu_linear = lambda x, weight, bias: F.linear(x, weight, bias)
+
+    dispatch.packed = False
+    vllm_layer_utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
 def copy_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
@@ -82,7 +97,10 @@ def worker(model: str, settings: dict, tokens: int) -> dict:
     import data
     from plumbing import weight_sync
 
-    weight_sync.keep_cpu_linear_weights(packed=settings.get("packed", True))
+    if settings.get("packed", True):
+        weight_sync.keep_cpu_linear_weights()
+    else:
+        plain_linear(weight_sync)
     tokenizer = AutoTokenizer.from_pretrained(model)
     row = data.load_jsonl(ROOT / "data" / "synth" / "train.jsonl")[0]
     default = tomllib.loads((ROOT / "config.toml").read_text())  # the default run's prompt

@@ -74,13 +74,13 @@ def main() -> None:
         else:
             weights = clock("weights", lambda: list(weight_sync.iter_full_parameters(model, cfg.zero_stage)))
         partial = is_lora and run.push.merged is not None
-        if run.push.sums_dtype:
+        if run.push.checksums:
             sums = weight_sync.WeightSums(scope=frozenset(lora.hf_name(name) for name in lora.changed_modules(model))
                                           if partial else None)
-            clock("sums", lambda: [sums.add_as_held(tensor, run.push.sums_dtype, name) for name, tensor in weights])
+            clock("sums", lambda: [sums.add_as_held(tensor, run.push.dtype, name) for name, tensor in weights])
         clock("reload", lambda: weight_sync.push_weights(run.llm, iter(weights), repack=False if partial else None,
                                                          partial=partial))
-        if run.push.sums_dtype:
+        if run.push.checksums:
             engine = clock("engine_sums", lambda: weight_sync.engine_weight_sums(run.llm, sums.scope))
             weight_sync.check_weight_sums(sums, engine)
         prompt, completion = run.push.probe
@@ -94,7 +94,7 @@ def main() -> None:
         clock("probe_trainer", probe_trainer)
         clock("probe_vllm", lambda: weight_sync.vllm_token_logprobs(run.llm, prompt, completion, None))
         clock("push_and_verify", lambda: run.push(run.engine))
-    dtype = run.push.sums_dtype or torch.float32
+    dtype = run.push.dtype
     print(f"push parts ({cfg.model}, {'LoRA' if is_lora else 'full'}, {str(dtype).removeprefix('torch.')}, "
           f"median of {args.pushes} pushes, seconds):")
     for part, seconds in times.items():

@@ -6,8 +6,8 @@ Two parts, one concern (deciding equivalence); `rewards.py` turns the verdicts i
    "Rewards"): two answer spans are equivalent if they are the same string, or if they are mathematically equal,
    decided by math-verify as `verify(gold, pred)`, gold first.
    Symbolic checking must never make two different texts equal, so math-verify only sees spans that read as
-   math; everything else is decided by exact string match. `reads_as_text` holds the rules, each for a failure
-   seen with math-verify 0.9.0 in our own trials (docs/DESIGN.md, "Environment notes"): it turns letter runs into
+   math; everything else is decided by exact string match. `reads_as_text` holds the rules, one for each way
+   math-verify 0.9.0 makes different texts equal (docs/DESIGN.md, "Environment notes"): it turns letter runs into
    products (`no` == `on`, `ab` == `ba`), lower-cases symbols (`A+1` == `a+1`), adds numbers split by a space
    (`3 4` == 7), reads dates and ranges as subtraction (`1914-1918` == `1939-1943`), times and scores as division
    (`10:30` == 1/3), drops primes and quotes, keeps the argument of commands it does not know (`\mbox{5}` == 5),
@@ -16,7 +16,7 @@ Two parts, one concern (deciding equivalence); `rewards.py` turns the verdicts i
    Plain numbers and fractions, and sets and intervals of them, are compared exactly in the caller's process
    (`settle_locally`), without math-verify; that is where most of the speed comes from, and it is stricter than
    math-verify, which rounds floats to 6 decimal places.
-   Differs from CANOE (docs/differences.md, D2): accuracy never turns words into symbols.
+   Accuracy never turns words into symbols (`reads_as_text`).
 
 2. `MathGrader`: the parallel, hard-deadline front end the trainer uses, for this grader and for the R1-Zero one
    (`r1_grader.py`). The cheap text/math decision runs in the caller's process; only math-looking pairs travel
@@ -251,7 +251,7 @@ def _math_verify_whole(span: str) -> list:
 
 def canoe_math_equal(gold: str, pred: str) -> bool:
     """Worker job: math-verify equivalence of two prepared spans that passed `needs_math_verify`."""
-    # Differs from CANOE (docs/differences.md, D1): gold first, `verify(gold, pred)`, the order its rules expect.
+    # Gold first, `verify(gold, pred)`: the order math-verify's asymmetric rules expect (rewards.accuracy_reward, D1).
     gold_parsed, pred_parsed = _math_verify_whole(gold), _math_verify_whole(pred)
     return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
@@ -285,8 +285,6 @@ _quiet_math_verify()
 
 class MathGrader:
     """Grade answer-span pairs in parallel worker processes, each pair under a hard deadline.
-
-    Differs from CANOE (docs/differences.md, D3): symbolic grading runs under a hard deadline in worker processes.
 
     Usage: `with MathGrader(workers=2, deadline_s=1.0) as grader: grader.equivalent_batch(golds, preds)`.
     Workers start in the background on construction and persist until `close()`.

@@ -135,11 +135,9 @@ class MergedPush:
     folder at start (in the same dtype, cast the same way), so a push sends the projections of every module that
     holds an adapted one (`changed_only` in `policy_weights`) and nothing else: not the embedding, the norms or the
     head. All the projections of such a module go, adapted or not, because vLLM fuses q, k and v (and gate and up)
-    into one parameter and rebuilds a fused parameter from what a reload sends (vllm/model_executor/model_loader/
-    reload/layerwise.py, `finalize_layerwise_processing`: a layer loaded in part is materialised empty and the parts
-    not sent are lost). The reload re-runs `process_weights_after_loading` on each layer it loaded, which on the
-    CPU rebuilds that layer's packed kernel (layers/linear.py, `UnquantizedLinearMethod`), so such a push needs no
-    `repack_cpu_linear`. After a level-2 sleep the engine has lost every weight and the whole model is pushed.
+    into one parameter and rebuilds a fused parameter from what a reload sends: a layer loaded in part is
+    materialised empty and the parts not sent are lost. The reload rebuilds the packed CPU kernel of each layer it
+    loaded, so such a push needs no `repack_cpu_linear` (docs/library-notes.md, "The in-place reload"). After a level-2 sleep the engine has lost every weight and the whole model is pushed.
 
     **Rounding.** Outside float32 the merged weight is held in bfloat16 (8 bits of mantissa): Δ = s·B·A is added
     to W and rounded, as PEFT's merge does, so an entry of Δ below half a step of its W is lost (W + Δ == W). Early
@@ -195,7 +193,7 @@ class MergedPush:
 def merged_weights(layer: LoraLayer, merged_push: MergedPush | None = None, name: str = "") -> dict[str, torch.Tensor]:
     """`{"weight": W + s·B·A, "bias": b}` of one adapted layer, as new tensors (the layer is not changed).
 
-    Differs from CANOE (docs/differences.md, D17): the merge is built in new tensors; W is never merged in place.
+    The merge is built in new tensors; W is never merged in place.
 
     By default Δ = s·B·A is computed in float32 (`exact_delta`), rounded to W's dtype and added: PEFT's `merge()`
     rule (`get_delta_weight`, which upcasts the adapters on the CPU), bit for bit on the CPU, without its extra
@@ -292,9 +290,8 @@ def base_weights(model: PeftModel, zero_stage: int) -> Iterator[tuple[str, torch
     engine that applies the adapter itself (`AdapterPush`) holds. Under ZeRO-3 one module at a time is gathered; a
     tied parameter is yielded once (`iter_full_parameters`).
 
-    vLLM's in-place reload finds a LoRA-wrapped layer's weight under its plain name (vllm/model_executor/
-    model_loader/reload/inplace.py: `get_parameter_for_reload` steps into `base_layer`, and `reload_weights` lists
-    the parameters with ".base_layer." removed when LoRA is on).
+    vLLM's in-place reload finds a LoRA-wrapped layer's weight under its plain name (docs/library-notes.md, "The
+    in-place reload").
     """
     seen: set[int] = set()
     for module_name, module in model.named_modules():
@@ -321,7 +318,7 @@ class AdapterPush:
         self.folder = Path(folder)
         self.count = 0
         self.request = None  # the LoRARequest of the adapter the engine holds
-        self.seconds = 0.0  # the last push's write and load of the adapter (canoe logs it as time/adapter_push)
+        self.seconds = 0.0  # the last push's write and load of the adapter (training/push.py logs it as time/adapter_push)
         self._base_sums: dict[torch.dtype, weight_sync.WeightSums] = {}
 
     def base_sums(self, model: PeftModel, zero_stage: int, dtype: torch.dtype) -> weight_sync.WeightSums:

@@ -7,7 +7,6 @@ memory is at least total × `gpu_memory_utilization` (docs/library-notes.md, "St
 created after the trainer has allocated
 (canoe.setup), so its share must fit in what the policy, its gradients and optimizer state and the reference model
 leave free; the plan below derives that share, and each recipe's `vllm_gpu_memory_utilization` comes from it.
-Differs from CANOE (docs/differences.md, D16): vLLM shares each GPU with the trainer, with a share from this plan.
 
 Per GPU, with P parameters, w bytes per value of the training dtype and W ranks (ZeRO partitions over W):
 

@@ -63,7 +63,7 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
 
 def shm_buffer(rank: int) -> Path:
     """Where DeepSpeed's CPU all-reduce keeps `rank`'s buffer: a file of /dev/shm named by the user, MASTER_ADDR,
-    MASTER_PORT and the rank (DeepSpeed's shm.cpp, `shm_initialize`)."""
+    MASTER_PORT and the rank (docs/library-notes.md, "The CPU all-reduce buffer in /dev/shm")."""
     addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     return Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
 

@@ -18,7 +18,6 @@ file is the whole path, in the order a step takes it:
    (`sleep_engine`), then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
 
 training/push.py (`WeightPush`, the driver's one push call) calls these in that order.
-Differs from CANOE (docs/differences.md, D7): every weight push into vLLM is verified.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from dataclasses import dataclass
 
 import deepspeed
 import torch
-import torch.nn.functional as F
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 from vllm.model_executor.layers import utils as vllm_layer_utils
@@ -58,11 +56,9 @@ def iter_full_parameters(model: torch.nn.Module, zero_stage: int) -> Iterator[tu
 
     A parameter held by two modules (a tied input embedding and output head: `tie_word_embeddings`, Qwen2.5 up to
     3B, Llama-3.2, SmolLM2) is yielded once, under its first name (`model.embed_tokens.weight`), on both paths:
-    `named_parameters` skips repeats itself (torch/nn/modules/module.py, `_named_members` with remove_duplicate),
-    and the module walk keeps the ids it has seen. vLLM makes the head the embedding's Parameter
-    (vllm/model_executor/models/, `Qwen2ForCausalLM.__init__` in qwen2.py and `LlamaForCausalLM.__init__` in
-    llama.py) and loads a tied tensor under one name only (utils.py, `AutoWeightsLoader.__init__`), so the
-    engine's `parameters()` hold it once too (`check_weight_sums`).
+    `named_parameters` skips repeats itself, and the module walk keeps the ids it has seen. vLLM holds and loads
+    a tied tensor once too (docs/library-notes.md, "Tied embeddings"), so the sums compare alike
+    (`check_weight_sums`).
     """
     if zero_stage < 3:
         for name, param in model.named_parameters():
@@ -101,34 +97,25 @@ def own_full_parameters(module: torch.nn.Module, zero_stage: int,
 VLLM_CPU_DISPATCH = vllm_layer_utils.dispatch_cpu_unquantized_gemm
 
 
-def keep_cpu_linear_weights(packed: bool = True) -> None:
-    """Make vLLM's CPU backend keep its linear weights as ordinary parameters, so that a push can reach them.
+def keep_cpu_linear_weights() -> None:
+    """Make vLLM's CPU backend keep its linear weights as parameters, so that a push can reach them.
 
     At load time vLLM's CPU backend hands every 2-D linear weight to `dispatch_cpu_unquantized_gemm`, which builds
     a packed oneDNN or SGL kernel from a *copy* of the weight and, by default, replaces the parameter by an empty
-    tensor (docs/library-notes.md, "Packed CPU kernels"). `reload_weights` then loads new values that no kernel reads: the push
-    "succeeds" and generation goes on from the old weights (measured here: 2.4 nats of disagreement after one
-    perturbed push).
-
-    - `packed=True` (what training uses): vLLM's own dispatch with `remove_weight=False`. The parameters keep
-      their values, `reload_weights` writes into them, and `repack_cpu_linear` rebuilds the packed kernels from
-      them after every push (`push_weights` does it). Decode runs at vLLM's packed speed (bench/RESULTS.md,
-      "Decode step").
-    - `packed=False`: every 2-D linear layer runs `torch.nn.functional.linear` on its parameter, so a push lands
-      with nothing more to do, at 2-2.5x the decode time of the packed kernels on this CPU.
+    tensor (docs/library-notes.md, "Packed CPU kernels"): `reload_weights` would then load new values that no
+    kernel reads, and generation would go on from the old weights. Here vLLM's own dispatch runs with
+    `remove_weight=False`: the parameters keep their values, `reload_weights` writes into them, and
+    `repack_cpu_linear` rebuilds the packed kernels from them after every push (`push_weights` does it).
 
     Process-wide (it replaces the module attribute vLLM imports at load time); call it before creating an engine.
     """
-    current = vllm_layer_utils.dispatch_cpu_unquantized_gemm
-    if getattr(current, "packed", None) == packed:
+    if getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", None):
         return
 
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
-        if packed or layer.weight.ndim != 2 or layer.weight.is_meta:
-            return VLLM_CPU_DISPATCH(layer, remove_weight=False)
-        layer.cpu_linear = lambda x, weight, bias: F.linear(x, weight, bias)
+        return VLLM_CPU_DISPATCH(layer, remove_weight=False)
 
-    dispatch.packed = packed
+    dispatch.packed = True  # the engine's kernels are packed copies: a push needs `repack_cpu_linear`
     vllm_layer_utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
@@ -155,8 +142,8 @@ def cpu_kernels_are_packed() -> bool:
     return not torch.cuda.is_available() and getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", True)
 
 
-# What vLLM's in-place reload logs, at warning level, for every layer a push leaves out (model_loader/reload/
-# layerwise.py, `finalize_layerwise_processing`, and inplace.py, `reload_weights`): expected of a partial push.
+# What vLLM's in-place reload logs, at warning level, for every layer a push leaves out: expected of a partial push
+# (docs/library-notes.md, "The in-place reload").
 PARTIAL_RELOAD_MESSAGES = ("%s: Failed to load weights", "Following weights were not loaded from checkpoint: %s")
 
 
@@ -253,8 +240,6 @@ def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tole
     trimmed maximum |Δ|, the largest once its worst ⌊PROBE_SET_ASIDE · T⌋ tokens are set aside, within `tolerance`
     (so at most that many tokens may lie beyond it), and every value finite. `sums` says what the weight sums found,
     for the message. Returns `sync/push_trimmed_abs_diff` and `sync/push_max_abs_diff`.
-
-    Differs from CANOE (docs/differences.md, D7): every weight push into vLLM is verified.
     """
     assert vllm_logprobs.shape == trainer_logprobs.shape, (vllm_logprobs.shape, trainer_logprobs.shape)
     diff = (vllm_logprobs.float() - trainer_logprobs.float().cpu()).abs()  # (T,)
@@ -371,8 +356,7 @@ def _engine_sums_worker(worker, scope: frozenset[str] | None = None) -> WeightSu
 def engine_weight_sums(llm, scope: frozenset[str] | None = None) -> WeightSums:
     """The WeightSums of the engine's parameters built from the modules of `scope` (all with None). vLLM calls a
     function given to `collective_rpc` with its worker (one worker here, tensor parallel 1); the fused modules'
-    parts come from the model's `packed_modules_mapping` (vllm/model_executor/models/qwen2.py and llama.py,
-    the class attribute of the ...ForCausalLM models). Shared parameters count once, as in the trainer's
+    parts come from the model's `packed_modules_mapping` (a class attribute of vLLM's ...ForCausalLM models). Shared parameters count once, as in the trainer's
     `named_parameters`."""
     return llm.collective_rpc(_engine_sums_worker, kwargs={"scope": scope})[0]
 
@@ -380,8 +364,6 @@ def engine_weight_sums(llm, scope: frozenset[str] | None = None) -> WeightSums:
 def check_weight_sums(pushed: WeightSums, engine: WeightSums) -> float:
     """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns 0.0 (the sums are exact
     integers: equal, or the push failed).
-
-    Differs from CANOE (docs/differences.md, D7): every weight push into vLLM is verified.
 
     What it detects: any pushed value that did not land bit for bit (a stale or partial push, a push into an engine
     whose memory was remapped, weights that vLLM changed after loading), however small the change: one bfloat16
@@ -428,7 +410,7 @@ def wake_weights(llm, enabled: bool) -> None:
 
 
 def wake_kv_cache(llm, enabled: bool) -> None:
-    """Map the KV cache again; vLLM serves requests only once nothing sleeps (vllm/v1/engine/core.py,
-    `EngineCore.wake_up`)."""
+    """Map the KV cache again; vLLM serves requests only once nothing sleeps (docs/library-notes.md, "Sleep
+    levels")."""
     if enabled:
         llm.wake_up(tags=["kv_cache"])

@@ -20,10 +20,7 @@ asking for a short answer from the passage). Train and eval are built from disjo
 split first), so no eval subject appears in a training prompt. The output is a function of the arguments alone:
 the same seed writes byte-identical files.
 
-    python -m synthetic.synth --out data/synth [--n 2000] [--eval-share 0.15] [--seed 42] [--odd-share 0] [--confiqa]
-
-`--odd-share S` changes that share of the training split's counterfactuals to an entity of another kind, as
-NQ-Swap's substitutions often are ("The capital of Latvia is Oren Fernhill"): a lever, not the default.
+    python -m synthetic.synth --out data/synth [--n 2000] [--eval-share 0.15] [--seed 42] [--confiqa]
 
 `--confiqa` also writes the eval split's counterfactual rows as a ConFiQA file (`to_confiqa`), for
 `canoe.py --eval --suite confiqa --eval-file data/synth/eval-confiqa.json`.
@@ -32,7 +29,6 @@ NQ-Swap's substitutions often are ("The capital of Latvia is Oren Fernhill"): a 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import random
 import re
@@ -488,21 +484,14 @@ def _second_paragraph(world: World, kind: str, rng: random.Random, avoid: set[st
     return "" if named else rng.choice((" ", "\n")) + text
 
 
-def _change(world: World, subject: str, relation: str, rng: random.Random, context_words: str,
-            odd: bool = False) -> str:
+def _change(world: World, subject: str, relation: str, rng: random.Random, context_words: str) -> str:
     """A value for a counterfactual `relation(subject)`: another value of the relation, not the real one and
-    not already named in the passage. `odd`: an entity of the world that is no value of the relation instead (a
-    person as a country's capital), as NQ-Swap's substitutions often are, so that only the passage makes it the
-    answer and no sense of what fits the question can."""
+    not already named in the passage."""
     real = world.facts[(subject, relation)]
-    values = world.values(relation)
-    if odd:
-        fitting = set(values)
-        values = [name for name in world.entities if name not in fitting]
-    return rng.choice([v for v in values if v not in (real, subject) and v not in context_words])
+    return rng.choice([v for v in world.values(relation) if v not in (real, subject) and v not in context_words])
 
 
-def _counterfactual(world: World, rng: random.Random, odd_share: float = 0.0) -> dict:
+def _counterfactual(world: World, rng: random.Random) -> dict:
     relation = rng.choice(REAL_WORLD_RELATIONS)
     kind = RELATIONS[relation].kind
     subject = rng.choice([s for s in world.kinds[kind] if (s, relation) in world.facts])
@@ -512,8 +501,7 @@ def _counterfactual(world: World, rng: random.Random, odd_share: float = 0.0) ->
         text += _second_paragraph(world, kind, rng, avoid={subject, real}, context=text)
     for echo in rng.sample(RELATIONS[relation].echoes, rng.randint(0, len(RELATIONS[relation].echoes))):
         text += " " + sentence(echo, subject, real)
-    odd = odd_share > 0 and rng.random() < odd_share  # no draw at 0: the default data stay byte-identical
-    changed = _change(world, subject, relation, rng, text, odd)
+    changed = _change(world, subject, relation, rng, text)
     context = _replace_everywhere(text, real, changed)
     return _item("counterfactual", relation, [subject], _problem(context, _question(relation, subject, rng), rng),
                  changed)
@@ -587,30 +575,25 @@ def _make(maker: Callable[[World, random.Random], dict], world: World, rng: rand
             return row
 
 
-def _generate(world: World, n: int, split: str, seed: int, odd_share: float = 0.0) -> list[dict]:
+def _generate(world: World, n: int, split: str, seed: int) -> list[dict]:
     """n items, as even a share of the four tasks as n allows, shuffled, with ids "{split}-00000"..."""
     rng = random.Random(f"items-{split}:{seed}")
-    makers = {**_MAKERS, "counterfactual": functools.partial(_counterfactual, odd_share=odd_share)}
     tasks = [TASKS[i % len(TASKS)] for i in range(n)]
-    rows = [_make(makers[task], world, rng) for task in tasks]
+    rows = [_make(_MAKERS[task], world, rng) for task in tasks]
     rng.shuffle(rows)
     return [{"id": f"{split}-{i:05d}", **row} for i, row in enumerate(rows)]
 
 
-def synthesize(n: int = DEFAULT_N, eval_share: float = DEFAULT_EVAL_SHARE, seed: int = DEFAULT_SEED,
-               odd_share: float = 0.0) -> tuple[list[dict], list[dict]]:
-    """(train rows, eval rows): n train items and max(4, round(n * eval_share)) eval items on disjoint entities.
-    `odd_share`: the share of the training split's counterfactual items whose changed value is an entity of
-    another kind (`_change`); the eval split keeps values that fit, so it stays one yardstick."""
-    if not 0 <= odd_share <= 1:
-        raise ValueError(f"odd_share must be in [0, 1], got {odd_share}")
+def synthesize(n: int = DEFAULT_N, eval_share: float = DEFAULT_EVAL_SHARE,
+               seed: int = DEFAULT_SEED) -> tuple[list[dict], list[dict]]:
+    """(train rows, eval rows): n train items and max(4, round(n * eval_share)) eval items on disjoint entities."""
     if n < len(TASKS):
         raise ValueError(f"n must be at least {len(TASKS)} (one item per task type), got {n}")
     if not 0 < eval_share <= 1:
         raise ValueError(f"eval_share must be in (0, 1], got {eval_share}")
     train_world, eval_world = split_worlds(seed)
     n_eval = max(len(TASKS), round(n * eval_share))
-    return _generate(train_world, n, "train", seed, odd_share), _generate(eval_world, n_eval, "eval", seed)
+    return _generate(train_world, n, "train", seed), _generate(eval_world, n_eval, "eval", seed)
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
@@ -669,13 +652,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--eval-share", type=float, default=DEFAULT_EVAL_SHARE,
                         help=f"eval rows = max(4, round(n * share)) (default {DEFAULT_EVAL_SHARE})")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    parser.add_argument("--odd-share", type=float, default=0.0,
-                        help="share of the training counterfactuals changed to an entity of another kind (default 0)")
     parser.add_argument("--confiqa", action="store_true",
                         help="also write the eval split's counterfactual rows in ConFiQA's format to OUT/eval-confiqa.json")
     args = parser.parse_args(argv)
 
-    train, eval_ = synthesize(args.n, args.eval_share, args.seed, args.odd_share)
+    train, eval_ = synthesize(args.n, args.eval_share, args.seed)
     for split, rows in (("train", train), ("eval", eval_)):
         path = args.out / f"{split}.jsonl"
         write_jsonl(path, rows)

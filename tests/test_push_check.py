@@ -130,7 +130,7 @@ def test_a_push_that_did_not_land_passes_a_bf16_probe_tolerance_but_not_the_weig
     run, llm = make_run(tmp_path, sleep=False)
     run.cfg = run.cfg.__class__(**{**run.cfg.__dict__, "sync_tolerance": 0.5, "learning_rate": 1e-6})
     run.push.tolerance = 0.5
-    run.push.sums_dtype = torch.float32  # what setup sets outside float32; float32 here, the stand-in's dtype
+    run.push.checksums = True  # what setup sets outside float32; float32 here, the stand-in's dtype
     step = canoe.train_step(run)  # a push that lands: both checks pass
     assert step.pushed["sync/weight_sums_gap"] <= 1e-12 and step.pushed["sync/push_max_abs_diff"] <= 1e-4
     def stale_push(llm, weights, **kwargs) -> float:  # the weights are produced (and summed) but never reach the engine
@@ -149,10 +149,36 @@ def test_a_push_that_did_not_land_passes_a_bf16_probe_tolerance_but_not_the_weig
     assert weight_sync.check_sync(vllm, trainer, 0.5)["sync/push_max_abs_diff"] < 0.5
 
 
+class StaleKernelsEngine(SleepModeEngine):
+    """An engine whose kernels compute from copies of the weights made at load time, as vLLM's packed CPU kernels
+    do when a push does not rebuild them: a push lands in the parameters, so their sums match, and changes nothing
+    the engine computes."""
+
+    def _logprobs(self, ids: list[int]) -> torch.Tensor:
+        logits = self.kernels(input_ids=torch.tensor([ids])).logits[0].float()  # (len, V)
+        return torch.log_softmax(logits, -1)
+
+
+@pytest.mark.parametrize("tolerance", [1e-3, 0.5], ids=["float32", "bfloat16"])
+def test_kernels_that_do_not_read_the_pushed_weights_stop_the_run_though_the_sums_match(tmp_path, process_group,
+                                                                                         monkeypatch, tolerance):
+    monkeypatch.setattr(canoe, "score", fixed_rewards)
+    trained = tiny_model()
+    with torch.no_grad():  # a policy many updates away from what the engine loaded: every weight moved
+        for param in trained.parameters():
+            param.add_(0.1 * torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())))
+    run, llm = make_run(tmp_path, sleep=False, policy=trained)
+    llm.__class__, llm.kernels = StaleKernelsEngine, tiny_model().eval()  # the weights the engine loaded
+    run.push.tolerance, run.push.checksums = tolerance, True
+    with pytest.raises(weight_sync.WeightSyncError, match="weight sums matched") as caught:
+        canoe.train_step(run)
+    assert "`sync_tolerance` = " in str(caught.value) and "trimmed maximum" in str(caught.value)
+
+
 def test_without_a_checksum_dtype_the_step_pushes_as_before(tmp_path, process_group, monkeypatch):
     monkeypatch.setattr(canoe, "score", fixed_rewards)
     run, llm = make_run(tmp_path, sleep=False)
-    assert run.push.sums_dtype is None  # float32, as the CPU run: no sums taken, no sync/weight_sums_gap
+    assert not run.push.checksums  # float32, as the CPU run: no sums taken, no sync/weight_sums_gap
     step = canoe.train_step(run)
     assert set(step.pushed) == {"sync/push_seconds", "sync/push_max_abs_diff", "sync/push_trimmed_abs_diff",
                                 "time/weight_push"}
@@ -392,7 +418,7 @@ def test_without_a_discarding_sleep_the_adapter_push_sends_the_adapter_alone(tmp
     run, _ = make_run(tmp_path, sleep=False, policy=model, beta=0.04)
     run.llm = run.push.llm = llm = LoraEngine(tiny_model())
     run.push.adapter = lora.AdapterPush(tmp_path / "vllm-adapter" / "rank-0")
-    run.push.sums_dtype = torch.float32  # the weight-sum check, as outside float32
+    run.push.checksums = True  # the weight-sum check, as outside float32
     for _ in range(2):
         step = canoe.train_step(run)
         assert step.pushed["sync/push_max_abs_diff"] <= 1e-4

@@ -18,7 +18,6 @@ The trainer is a real DeepSpeed engine (ZeRO-2, one CPU rank, in this process) a
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 from types import SimpleNamespace
@@ -234,36 +233,6 @@ def test_without_sleep_mode_the_step_never_sleeps_or_wakes(tmp_path, process_gro
     canoe.train_step(run)
     assert llm.events == ["generate", "reload_weights", "reset_prefix_cache", "generate"]
     assert weights_agree(run, llm)
-
-
-# ---------------------------------------------------------------------------- the stand-in follows vLLM
-
-
-def test_level_1_restores_the_weights_of_before_the_sleep():
-    llm = SleepModeEngine(tiny_model())
-    before = {n: p.clone() for n, p in llm.model.named_parameters()}
-    llm.sleep(level=1)
-    with pytest.raises(IllegalAddress):
-        llm.collective_rpc("reload_weights", {"weights_iterator": iter([])})
-    llm.wake_up(tags=["weights"])
-    zeros = [(n, torch.zeros_like(p)) for n, p in before.items()]
-    llm.collective_rpc("reload_weights", {"weights_iterator": iter(zeros)})  # awake weights take a push
-    assert all((p == 0).all() for p in llm.model.parameters())
-    with pytest.raises(RuntimeError, match="generate would wait forever"):
-        llm.generate([{"prompt_token_ids": [1]}], SimpleNamespace(prompt_logprobs=0))  # the KV cache still sleeps
-    llm.wake_up(tags=["kv_cache"])
-    llm.sleep(level=1)
-    llm.wake_up()  # the host copy taken at this sleep comes back
-    assert all((p == 0).all() for p in llm.model.parameters())
-
-
-def test_level_2_keeps_no_weights_and_restores_the_buffers():
-    llm = SleepModeEngine(tiny_model())
-    buffers = {n: b.clone() for n, b in llm.model.named_buffers()}
-    llm.sleep(level=2)
-    llm.wake_up(tags=["weights"])
-    assert all(math.isnan(float(p.flatten()[0])) for p in llm.model.parameters())
-    assert all(torch.equal(b, buffers[n]) for n, b in llm.model.named_buffers())
 
 
 def test_flash_attention_is_refused_through_the_deepspeed_engine(process_group):

@@ -333,26 +333,11 @@ def test_the_default_prompt_gives_nothing_to_copy(default_data):
         assert answer not in row["problem"] and not any(named(row["problem"], name) for name in names), row["id"]
 
 
-def test_odd_counterfactuals_answer_with_an_entity_of_another_kind():
-    train, eval_ = synth.synthesize(80, seed=42, odd_share=1.0)
-    world, _ = synth.split_worlds(42)
-    counterfactuals = [row for row in train if row["task"] == "counterfactual"]
-    assert len(counterfactuals) == 20
-    for row in counterfactuals:
-        answer = answer_span(row["solution"])
-        assert answer in world.entities and answer not in world.values(row["relation"]), row["id"]
-        assert answer in row["problem"] and answer != synth.world_fact(row["relation"], row["entities"][0])
-    assert eval_ == synth.synthesize(80, seed=42)[1]  # the eval split stays the yardstick
-    assert synth.synthesize(80, seed=42, odd_share=0.0) == synth.synthesize(80, seed=42)
-
-
 def test_synth_rejects_bad_sizes():
     with pytest.raises(ValueError, match="at least 4"):
         synth.synthesize(3)
     with pytest.raises(ValueError, match="eval_share"):
         synth.synthesize(10, eval_share=0)
-    with pytest.raises(ValueError, match="odd_share"):
-        synth.synthesize(10, odd_share=1.5)
 
 
 def test_synth_output_passes_the_data_check(generated, capsys):

@@ -1,9 +1,9 @@
 """Draw a run's metrics.jsonl as one PNG: rewards, KL, completion length and exact match over steps. Given several
 runs, draw them in the same panels, against wall-clock minutes, to compare them at equal time.
 
-    python plot.py runs/default                 # writes runs/default/metrics.png
-    python plot.py runs/default --out curve.png
-    python plot.py runs/default runs/variant --out compare.png
+    python -m training.plot runs/default                 # writes runs/default/metrics.png
+    python -m training.plot runs/default --out curve.png
+    python -m training.plot runs/default runs/variant --out compare.png
 """
 
 from __future__ import annotations

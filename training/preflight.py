@@ -92,8 +92,7 @@ def check_fits(cfg: Config, num_parameters: int, dtype, trainable: int | None = 
 def check_engine_can_start(cfg: Config) -> None:
     """vLLM refuses to start unless the GPU's free memory is at least total × gpu_memory_utilization
     (docs/library-notes.md, "Start-up memory"). The engine is created after the trainer has allocated, so say in
-    our words, before vLLM does, what the trainer left and where the share comes from.
-    Differs from CANOE (docs/differences.md, D16): vLLM shares each GPU with the trainer."""
+    our words, before vLLM does, what the trainer left and where the share comes from."""
     torch.cuda.empty_cache()  # blocks the trainer freed while loading count as used until released
     free, total = torch.cuda.mem_get_info()
     if free < cfg.vllm_gpu_memory_utilization * total:

@@ -33,7 +33,8 @@ class WeightPush:
     probe: tuple[list[int], list[int]]  # (prompt ids, completion ids) scored by both sides after every push
     tolerance: float  # the probe's, in nats (Config.push_tolerance)
     zero_stage: int
-    sums_dtype: torch.dtype | None = None  # outside float32: the engine's dtype, and the weight sums are compared
+    dtype: torch.dtype = torch.float32  # the engine's
+    checksums: bool = False  # compare the pushed weights' exact sums with the engine's (outside float32)
     sleep: bool = False  # the engine sleeps through the update (CUDA sleep mode)
     adapter: lora.AdapterPush | None = None  # the LoRA adapter way
     merged: lora.MergedPush | None = None  # the merged LoRA way
@@ -43,7 +44,7 @@ class WeightPush:
         """The way `cfg` pushes: the adapter where `adapter` (Config.pushes_adapter), merged where LoRA trains
         otherwise, full weights without LoRA. `folder` holds this rank's adapter pushes."""
         return cls(llm, probe, cfg.push_tolerance(dtype), cfg.zero_stage,
-                   sums_dtype=None if dtype == torch.float32 else dtype, sleep=sleep,
+                   dtype=dtype, checksums=dtype != torch.float32, sleep=sleep,
                    adapter=lora.AdapterPush(folder) if adapter else None,
                    merged=lora.MergedPush() if cfg.lora_rank and not adapter else None)
 
@@ -60,12 +61,12 @@ class WeightPush:
         model = getattr(engine, "module", engine)
         sleeping = self.sleep and asleep
         weight_sync.wake_weights(self.llm, sleeping)
-        sums = weight_sync.WeightSums() if self.sums_dtype else None
+        sums = weight_sync.WeightSums() if self.checksums else None
         if lora.is_lora(model):
             seconds = lora.push(self.llm, model, self.zero_stage, adapter=self.adapter, base=sleeping,
-                                merged_push=self.merged, sums=sums, dtype=self.sums_dtype)
+                                merged_push=self.merged, sums=sums, dtype=self.dtype)
         else:
-            seconds = weight_sync.push(self.llm, model, self.zero_stage, sums=sums, dtype=self.sums_dtype)
+            seconds = weight_sync.push(self.llm, model, self.zero_stage, sums=sums, dtype=self.dtype)
         metrics = {"sync/push_seconds": seconds}
         if self.adapter:  # part of the push: the adapter's folder written and read back
             metrics["time/adapter_push"] = self.adapter.seconds
