@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from data import SYSTEM_PROMPT
-from grpo_loss import ADVANTAGE_STDS, AGGREGATIONS, RATIO_LEVELS
+from grpo_loss import ADVANTAGE_STDS
 from rewards import REWARD_FUNCS
-from variants import ADVANTAGE_RULES
+from variants import ADVANTAGE_RULES, AGGREGATIONS, RATIO_LEVELS
 
 CANOE_REWARDS = {"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0}
 # Every linear layer of a Llama/Qwen2 decoder block: attention and MLP ("LoRA Without Regret": adapters on the MLP
@@ -118,8 +118,9 @@ class Config:
     beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
     clip_eps_low: float = _key(0.2, "ε_low: the ratio is clipped below at 1 − ε_low")
     clip_eps_high: float = _key(0.2, "ε_high: the ratio is clipped above at 1 + ε_high")
-    aggregation: str = _key("seq-mean-token-mean", "seq-mean-token-mean (the original), token-mean (DAPO) or "
-                            "seq-mean-token-sum-norm (Dr. GRPO: token sum / max_completion_tokens)")
+    aggregation: str = _key("seq-mean-token-mean", "a name in variants.AGGREGATIONS: seq-mean-token-mean (the "
+                            "original), token-mean (DAPO) or seq-mean-token-sum-norm (Dr. GRPO: token sum / "
+                            "max_completion_tokens)")
     advantage_eps: float = _key(1e-4, "eps in (r − mean) / (std + eps)")
     advantage_rule: str = _key("sum_then_normalize", "a name in variants.ADVANTAGE_RULES: sum_then_normalize (CANOE: "
                                "advantages of the weighted sum) or normalize_then_sum (GDPO: each reward normalised "
@@ -127,7 +128,8 @@ class Config:
     advantage_std: str = _key("unbiased", "unbiased (the original), biased, or none: A = r − mean (Dr. GRPO)")
     num_iterations: int = _key(1, "μ, updates per rollout (1 = the original); from the 2nd on, the ratio and clip act")
     importance_cap: float = _key(0.0, "C of truncated importance sampling, min(π_old/π_vLLM, C) per token; 0 = off")
-    ratio_level: str = _key("token", "token (PPO/GRPO) or sequence: one ratio per completion, geometric mean (GSPO)")
+    ratio_level: str = _key("token", "a name in variants.RATIO_LEVELS: token (PPO/GRPO) or sequence: one ratio per "
+                            "completion, geometric mean (GSPO)")
     mask_truncated: bool = _key(False, "completions cut off by max_completion_tokens get no loss (DAPO)")
     skip_zero_variance_groups: bool = _key(False, "groups whose advantages are all equal are left out of the loss (DAPO)")
     dynamic_sampling_draws: int = _key(0, "D: a step draws new prompts up to D more times to replace the groups whose "
@@ -195,6 +197,8 @@ class Config:
 # (weight_sync.check_weight_sums, lora.check_adapter).
 SYNC_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5}
 
+# The allowed values of each key; a registry's (a dict of variants.py) are its names as they stand when a config is
+# validated, so a name a fork registers in variants.py is accepted.
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16"),
     "lora_push": ("auto", "merged", "adapter"),
@@ -260,7 +264,7 @@ def _validate(path: Path, cfg: Config) -> None:
 
     for key, allowed in CHOICES.items():
         if getattr(cfg, key) not in allowed:
-            raise bad(key, f"must be one of {allowed}")
+            raise bad(key, f"must be one of {tuple(allowed)}")
     if cfg.num_generations < 2:
         raise bad("num_generations", "GRPO needs at least 2 samples per prompt to compare them")
     for key in ("prompts_per_device", "gradient_accumulation_steps", "num_iterations", "max_prompt_tokens", "max_completion_tokens",

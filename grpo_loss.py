@@ -12,26 +12,31 @@ original, which trains with TRL's GRPOTrainer of early 2025):
     surrogate   s_{i,t} = min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1 - ε_low, 1 + ε_high) A_i)      ε_low = ε_high = 0.2
     KL (k3)     D_{i,t} = exp(ref_{i,t} - logp_{i,t}) - (ref_{i,t} - logp_{i,t}) - 1     β = 0.04
     token loss  ℓ_{i,t} = -(s_{i,t} - β D_{i,t})
-
-    "seq-mean-token-mean" (the original, DeepSeekMath eq. 3):  L = (1/N) Σ_i (1/|o_i|) Σ_{t ∈ o_i} ℓ_{i,t}
-    "token-mean" (every trained token weighs the same; DAPO):  L = (1/Σ_i |o_i|) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
-    "seq-mean-token-sum-norm" (a constant normaliser; Dr. GRPO):  L = (1/(N·L_max)) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
-
-Options of the loss itself, all off by default (each named after the paper it comes from; the config chooses them
-once through variants.py, the door to every variant; docs/differences.md, D15):
-
-    std = "none"         A_i = r_i - mean(r_group)                    Dr. GRPO (Liu et al. 2025, arXiv 2503.20783)
-    ε_high > ε_low       clip-higher, e.g. ε_high = 0.28              DAPO (Yu et al. 2025, arXiv 2503.14476)
-    ratio_level "sequence"  ρ_{i,t} = s_i = exp((1/|o_i|) Σ_{t ∈ o_i} (logp_{i,t} - logp_old_{i,t}))
-                         one ratio per sequence, the geometric mean of its token ratios      GSPO (Zheng et al. 2025,
-                         arXiv 2507.18071; it clips with ε of a few 1e-4, not 0.2)
-    importance_cap C     s_{i,t} is multiplied by w_{i,t} = min(exp(logp_old_{i,t} - logp_vllm_{i,t}), C), a constant:
-                         truncated importance sampling for the sampler-trainer mismatch (Yao et al. 2025, "Your
-                         efficient RL framework secretly brings you off-policy RL training"); the KL term is not
-                         weighted
+    loss        L = (1/N) Σ_i (1/|o_i|) Σ_{t ∈ o_i} ℓ_{i,t}          "seq-mean-token-mean" (DeepSeekMath eq. 3)
 
 where o_i is the set of trained positions of sequence i (its `mask`). k3 is Schulman's unbiased, always
 non-negative estimator of KL(π_θ ‖ π_ref) from samples of π_θ ("Approximating KL Divergence", 2020).
+
+`grpo_loss` is this loss and nothing else. Each option is a piece it is handed in place of CANOE's, which are this
+file's defaults (`seq_mean_token_mean`, `token_log_ratio`, `unit_weight`); the others are registered in variants.py
+beside its advantage rules, with each kind's shared signature, and the config names them once at set-up
+(docs/differences.md, D15). All are off by default, each named after the paper it comes from:
+
+    aggregation "token-mean"   every trained token weighs the same      DAPO (Yu et al. 2025, arXiv 2503.14476)
+                               L = (1/Σ_i |o_i|) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
+    aggregation "seq-mean-token-sum-norm"   a constant normaliser       Dr. GRPO (Liu et al. 2025, arXiv 2503.20783)
+                               L = (1/(N·L_max)) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
+    ratio_level "sequence"     ρ_{i,t} = s_i = exp((1/|o_i|) Σ_{t ∈ o_i} (logp_{i,t} - logp_old_{i,t}))
+                               one ratio per sequence, the geometric mean of its token ratios      GSPO (Zheng et al.
+                               2025, arXiv 2507.18071; it clips with ε of a few 1e-4, not 0.2)
+    surrogate_weight "truncated_importance" (importance_cap C > 0)
+                               s_{i,t} is multiplied by w_{i,t} = min(exp(logp_old_{i,t} - logp_vllm_{i,t}), C), a
+                               constant: truncated importance sampling for the sampler-trainer mismatch (Yao et al.
+                               2025, "Your efficient RL framework secretly brings you off-policy RL training"); the
+                               KL term is not weighted
+
+Two more are plain numbers: ε_high > ε_low is DAPO's clip-higher (e.g. ε_high = 0.28), and `group_advantages`'
+std = "none" (A_i = r_i - mean(r_group), no division) is Dr. GRPO's.
 
 Where this file differs from the original CANOE code, the place concerned names its entry in docs/differences.md.
 With μ = 1 the driver passes the current log-probabilities detached as π_old, so ρ ≡ 1 and the clip never acts;
@@ -42,7 +47,8 @@ Run the tests: `python -m pytest tests/test_grpo_loss.py -q`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -52,14 +58,15 @@ __all__ = [
     "grpo_loss",
     "group_advantages",
     "merge_metrics",
+    "seq_mean_token_mean",
     "summarize_metrics",
+    "token_log_ratio",
     "token_logprobs",
+    "unit_weight",
     "zero_variance_groups",
 ]
 
-AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 ADVANTAGE_STDS = ("unbiased", "biased", "none")
-RATIO_LEVELS = ("token", "sequence")
 
 # How each raw metric returned by `grpo_loss` combines across micro-batches and ranks: "sum" adds, "min"/"max"
 # keep the extreme. Across ranks, all-reduce each key with the matching op (SUM, MIN, MAX).
@@ -129,25 +136,35 @@ def zero_variance_groups(values: Tensor, group_size: int) -> Tensor:
     return grouped.amax(dim=1) == grouped.amin(dim=1)  # (B, ...)
 
 
-def grpo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    ref_logprobs: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_eps_low: float = 0.2,
-    clip_eps_high: float = 0.2,
-    beta: float = 0.04,
-    aggregation: str = "seq-mean-token-mean",
-    total_sequences: float | None = None,
-    total_tokens: float | None = None,
-    max_completion_tokens: int | None = None,
-    ratio_level: str = "token",
-    sampler_logprobs: Tensor | None = None,
-    importance_cap: float = 0.0,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped GRPO loss with a β-weighted k3 KL penalty (equations in the module docstring).
+def seq_mean_token_mean(per_token: Tensor, mask: Tensor, sequences: float, tokens: float | Tensor,
+                        max_tokens: int | None) -> Tensor:
+    """CANOE's aggregation (DeepSeekMath eq. 3): each sequence's mean over its trained tokens, then the mean over
+    the batch's `sequences`. An aggregation's shared signature is documented in variants.py."""
+    # clamp: an empty sequence has a zero sum and contributes 0 rather than 0/0.
+    # Differs from CANOE (docs/differences.md, D13): an empty completion adds 0, not NaN.
+    per_sequence = per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (N,)
+    return per_sequence.sum() / sequences
+
+
+def token_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    """CANOE's ratio: one per token, log ρ_{i,t} = logp_{i,t} - logp_old_{i,t}, as given (signature: variants.py)."""
+    return log_ratio  # (N, T)
+
+
+def unit_weight(old: Tensor, sampler: Tensor | None, mask: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+    """CANOE's surrogate weight: w = 1 for every token, none capped (signature: variants.py)."""
+    return torch.ones_like(old), torch.zeros_like(mask, dtype=torch.bool)  # (N, T), (N, T)
+
+
+def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor, mask: Tensor,
+              *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2, beta: float = 0.04,
+              total_sequences: float | None = None, total_tokens: float | None = None,
+              max_completion_tokens: int | None = None, sampler_logprobs: Tensor | None = None,
+              importance_cap: float = 0.0, aggregation: Callable[..., Tensor] = seq_mean_token_mean,
+              ratio_level: Callable[..., Tensor] = token_log_ratio,
+              surrogate_weight: Callable[..., tuple[Tensor, Tensor]] = unit_weight,
+              ) -> tuple[Tensor, dict[str, Tensor]]:
+    """CANOE's clipped GRPO loss with a β-weighted k3 KL penalty (equations in the module docstring).
 
     Args:
         logprobs: `(N, T)` log π_θ of the sampled tokens; the only input that carries gradient.
@@ -161,26 +178,23 @@ def grpo_loss(
             Differs from CANOE (docs/differences.md, D13): the mask is explicit, never inferred from pad ids.
         clip_eps_low, clip_eps_high: ρ is clipped to [1 - ε_low, 1 + ε_high].
         beta: KL weight β.
-        aggregation: "seq-mean-token-mean", "token-mean" or "seq-mean-token-sum-norm".
-        total_sequences: seq-mean-token-mean and seq-mean-token-sum-norm denominator; default N, the sequences
-            of this call (rows with an empty mask count too: they are completions of the batch that contribute 0).
-        total_tokens: token-mean denominator; default the trained tokens of this call (at least 1).
-        max_completion_tokens: L_max, the constant of seq-mean-token-sum-norm (required for it).
-        ratio_level: "token" (one ρ per token) or "sequence" (GSPO: one ρ per sequence for all its tokens).
-        sampler_logprobs: `(N, T)` log-probabilities the sampler (vLLM) reported for the same tokens, constant;
-            required when `importance_cap > 0`.
-        importance_cap: C > 0 turns on truncated importance sampling, w = min(π_old / π_sampler, C) per token;
-            0 turns it off (w = 1).
+        total_sequences, total_tokens: the batch's sequences and trained tokens, the aggregation's denominators;
+            default this call's: N (rows with an empty mask count too: completions of the batch that contribute
+            0) and its trained tokens (at least 1).
+        max_completion_tokens: L_max, handed to the aggregation (seq-mean-token-sum-norm needs it).
+        sampler_logprobs, importance_cap: the `(N, T)` log-probabilities the sampler (vLLM) reported for the same
+            tokens, constant, and C; handed to the surrogate weight (truncated importance sampling needs both).
+        aggregation, ratio_level, surrogate_weight: the loss's pieces, CANOE's by default; the others are in
+            variants.py (`AGGREGATIONS`, `RATIO_LEVELS`, `SURROGATE_WEIGHTS`, with their shared signatures).
 
     Differs from CANOE (docs/differences.md, D14): the loss does not depend on the micro-batch split.
     Micro-batch contract: split a batch into micro-batches, call this once per micro-batch with
-    `total_sequences` = rows of the whole batch and `total_tokens` = trained tokens of the whole batch (passing
-    both is fine: the one matching `aggregation` is used), and the SUM of the returned losses (and of their
-    gradients) equals the loss of the whole batch in one call. So backpropagate each micro-batch loss as it is
-    and step the optimiser once. Anything that rescales the loss on the way (DeepSpeed divides each micro-batch
-    loss by gradient_accumulation_steps and averages gradients over data-parallel ranks) must be undone by
-    the caller, for example by multiplying the loss back or dividing the totals by the same factors. The totals
-    are not checked against the local counts, to avoid a device sync.
+    `total_sequences` = rows of the whole batch and `total_tokens` = trained tokens of the whole batch, and the SUM
+    of the returned losses (and of their gradients) equals the loss of the whole batch in one call. So
+    backpropagate each micro-batch loss as it is and step the optimiser once. Anything that rescales the loss on
+    the way (DeepSpeed divides each micro-batch loss by gradient_accumulation_steps and averages gradients over
+    data-parallel ranks) must be undone by the caller, for example by multiplying the loss back or dividing the
+    totals by the same factors. The totals are not checked against the local counts, to avoid a device sync.
 
     Returns `(loss, metrics)`: `loss` is a 0-d float32 tensor (float64 for float64 inputs); `metrics` maps the
     keys of `METRIC_REDUCTIONS` to detached 0-d tensors on the input device. They are sums, counts and
@@ -189,34 +203,9 @@ def grpo_loss(
     of the min is strictly smaller, i.e. where clipping zeroes the policy gradient: A > 0 and ρ > 1 + ε_high,
     or A < 0 and ρ < 1 - ε_low. The KL metric is computed whenever `ref_logprobs` is given, even if β = 0.
     """
-    if logprobs.dim() != 2:
-        raise ValueError(f"logprobs must be (N, T), got shape {tuple(logprobs.shape)}")
-    N, T = logprobs.shape
-    if N == 0 or T == 0:
-        raise ValueError(f"empty batch: logprobs has shape {tuple(logprobs.shape)}")
-    for name, tensor in (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs), ("mask", mask)):
-        if tensor is not None and tensor.shape != (N, T):
-            raise ValueError(f"{name} must have the shape of logprobs {(N, T)}, got {tuple(tensor.shape)}")
-    if advantages.shape != (N,):
-        raise ValueError(f"advantages must be (N,) = {(N,)}, got {tuple(advantages.shape)}")
-    if ref_logprobs is None and beta != 0:
-        raise ValueError(f"ref_logprobs is required when beta != 0 (beta = {beta})")
-    if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
-        raise ValueError(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}")
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-    if aggregation == "seq-mean-token-sum-norm" and not (max_completion_tokens or 0) > 0:
-        raise ValueError(f"seq-mean-token-sum-norm needs max_completion_tokens > 0, got {max_completion_tokens}")
-    if ratio_level not in RATIO_LEVELS:
-        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
-    if importance_cap < 0 or (importance_cap > 0 and sampler_logprobs is None):
-        raise ValueError(f"importance_cap must be 0 (off) or positive with sampler_logprobs given, got {importance_cap}")
-    if sampler_logprobs is not None and sampler_logprobs.shape != (N, T):
-        raise ValueError(f"sampler_logprobs must have the shape of logprobs {(N, T)}, got {tuple(sampler_logprobs.shape)}")
-    for name, total in (("total_sequences", total_sequences), ("total_tokens", total_tokens)):
-        if total is not None and not total > 0:
-            raise ValueError(f"{name} must be positive, got {total}")
-
+    _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, sampler_logprobs, beta, clip_eps_low,
+                  clip_eps_high, total_sequences, total_tokens, importance_cap,
+                  aggregation=aggregation, ratio_level=ratio_level, surrogate_weight=surrogate_weight)
     # Work in at least float32: ratios of bf16 log-probabilities would be too coarse.
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     logp = logprobs.to(dtype)  # (N, T)
@@ -227,58 +216,56 @@ def grpo_loss(
 
     # Outside the mask the log-ratio is set to 0 *before* exp: padding log-probabilities can be -inf or garbage,
     # and inf * 0 would turn into NaN in the loss and its gradient even though those positions are masked out.
-    log_ratio = torch.where(trained, logp - old, 0.0)  # (N, T)
-    if ratio_level == "sequence":  # GSPO: the mean log-ratio of each sequence, for every one of its tokens
-        sequence_log_ratio = log_ratio.sum(dim=1, keepdim=True) / weight.sum(dim=1, keepdim=True).clamp(min=1)  # (N, 1)
-        log_ratio = torch.where(trained, sequence_log_ratio, 0.0)  # (N, T)
-    ratio = torch.exp(log_ratio)  # (N, T)
+    ratio = torch.exp(ratio_level(torch.where(trained, logp - old, 0.0), weight))  # (N, T)
     surrogate = torch.minimum(ratio * A, ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * A)  # (N, T)
-    importance = torch.ones_like(logp)  # (N, T) w, a constant
-    capped = torch.zeros_like(trained)  # (N, T) bool
-    if importance_cap > 0:
-        raw = torch.exp(torch.where(trained, old - sampler_logprobs.detach().to(dtype), 0.0))  # (N, T)
-        capped = trained & (raw > importance_cap)
-        importance = raw.clamp(max=importance_cap)
-        surrogate = importance * surrogate  # (N, T)
-
-    if ref_logprobs is None:
-        kl = torch.zeros_like(logp)  # (N, T)
-    else:
+    importance, capped = surrogate_weight(old, sampler_logprobs, weight, importance_cap)  # (N, T) constant, bool
+    kl = torch.zeros_like(logp)  # (N, T): without a reference model there is no KL
+    if ref_logprobs is not None:
         ref_log_ratio = torch.where(trained, ref_logprobs.detach().to(dtype) - logp, 0.0)  # (N, T)
         kl = torch.exp(ref_log_ratio) - ref_log_ratio - 1  # (N, T), k3 estimator, >= 0
-
-    per_token = -surrogate if beta == 0 else -(surrogate - beta * kl)  # (N, T)
-    per_token = torch.where(trained, per_token, 0.0)  # (N, T)
-
-    if aggregation == "seq-mean-token-mean":
-        tokens_per_sequence = weight.sum(dim=1)  # (N,)
-        # clamp: an empty sequence has a zero sum and contributes 0 rather than 0/0.
-        # Differs from CANOE (docs/differences.md, D13): an empty completion adds 0, not NaN.
-        per_sequence = per_token.sum(dim=1) / tokens_per_sequence.clamp(min=1)  # (N,)
-        loss = per_sequence.sum() / (N if total_sequences is None else total_sequences)
-    elif aggregation == "seq-mean-token-sum-norm":
-        loss = per_token.sum() / ((N if total_sequences is None else total_sequences) * max_completion_tokens)
-    else:
-        denominator = weight.sum().clamp(min=1) if total_tokens is None else total_tokens
-        loss = per_token.sum() / denominator
+    per_token = torch.where(trained, -(importance * surrogate - beta * kl), 0.0)  # (N, T), the KL not weighted
+    loss = aggregation(per_token, weight, len(logp) if total_sequences is None else total_sequences,
+                       weight.sum().clamp(min=1) if total_tokens is None else total_tokens, max_completion_tokens)
 
     with torch.no_grad():
-        ratio_seen = ratio.detach()  # (N, T)
-        clipped = trained & (
-            ((A > 0) & (ratio_seen > 1 + clip_eps_high)) | ((A < 0) & (ratio_seen < 1 - clip_eps_low))
-        )  # (N, T)
-        inf = torch.tensor(float("inf"), dtype=dtype, device=logp.device)
-        metrics = {
-            "tokens": weight.sum(),
-            "kl_sum": (kl.detach() * weight).sum(),
-            "clipped_tokens": clipped.to(dtype).sum(),
-            "ratio_sum": (ratio_seen * weight).sum(),
-            "ratio_min": torch.where(trained, ratio_seen, inf).amin(),
-            "ratio_max": torch.where(trained, ratio_seen, -inf).amax(),
-            "importance_sum": (importance * weight).sum(),
-            "importance_capped": capped.to(dtype).sum(),
-        }
+        clipped = trained & (((A > 0) & (ratio > 1 + clip_eps_high)) | ((A < 0) & (ratio < 1 - clip_eps_low)))
+        metrics = {"tokens": weight.sum(), "kl_sum": (kl * weight).sum(),
+                   "clipped_tokens": clipped.to(dtype).sum(), "ratio_sum": (ratio * weight).sum(),
+                   "ratio_min": torch.where(trained, ratio, math.inf).amin(),
+                   "ratio_max": torch.where(trained, ratio, -math.inf).amax(),
+                   "importance_sum": (importance * weight).sum(), "importance_capped": capped.to(dtype).sum()}
     return loss, metrics
+
+
+def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, sampler_logprobs, beta, clip_eps_low,
+                  clip_eps_high, total_sequences, total_tokens, importance_cap, **pieces) -> None:
+    """grpo_loss's arguments, with an error that names the one that is wrong."""
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be (N, T), got shape {tuple(logprobs.shape)}")
+    N, T = logprobs.shape
+    if N == 0 or T == 0:
+        raise ValueError(f"empty batch: logprobs has shape {tuple(logprobs.shape)}")
+    tensors = (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs), ("mask", mask),
+               ("sampler_logprobs", sampler_logprobs))
+    for name, tensor in tensors:
+        if tensor is not None and tensor.shape != (N, T):
+            raise ValueError(f"{name} must have the shape of logprobs {(N, T)}, got {tuple(tensor.shape)}")
+    if advantages.shape != (N,):
+        raise ValueError(f"advantages must be (N,) = {(N,)}, got {tuple(advantages.shape)}")
+    if ref_logprobs is None and beta != 0:
+        raise ValueError(f"ref_logprobs is required when beta != 0 (beta = {beta})")
+    if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
+        raise ValueError(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}")
+    if importance_cap < 0 or (importance_cap > 0 and sampler_logprobs is None):
+        raise ValueError(f"importance_cap must be 0 (off) or positive with sampler_logprobs given, "
+                         f"got {importance_cap}")
+    for name, total in (("total_sequences", total_sequences), ("total_tokens", total_tokens)):
+        if total is not None and not total > 0:
+            raise ValueError(f"{name} must be positive, got {total}")
+    for name, piece in pieces.items():
+        if not callable(piece):
+            raise ValueError(f"{name} must be a function (a value of variants.py's registry; the config names it), "
+                             f"got {piece!r}")
 
 
 def merge_metrics(parts: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:

@@ -8,12 +8,15 @@ Differs from CANOE (docs/differences.md, D15): options, all off by default.
   or GDPO's sum of each reward's own advantages;
 - Dr. GRPO's `advantage_std = "none"`: an argument of `grpo_loss.group_advantages`;
 - DAPO's masks (`mask_truncated`, `skip_zero_variance_groups`) and dynamic sampling (`dynamic_sampling`);
-- the loss's own options (`loss`, passed to `grpo_loss.grpo_loss`): μ updates per rollout with the clip (PPO),
-  clip-higher and token-mean (DAPO), the constant normaliser (Dr. GRPO), one ratio per sequence (GSPO) and the
-  sampler's importance cap (truncated importance sampling).
+- the loss's pieces (`AGGREGATIONS`, `RATIO_LEVELS`, `SURROGATE_WEIGHTS`, the config's `aggregation`,
+  `ratio_level` and `importance_cap`), handed with the loss's options (`loss`) to `grpo_loss.grpo_loss`, CANOE's
+  loss: token-mean (DAPO), the constant normaliser (Dr. GRPO), one ratio per sequence (GSPO) and the sampler's
+  importance cap (truncated importance sampling); clip-higher (DAPO) and μ updates per rollout with the clip (PPO)
+  are plain numbers.
 
-Adding an advantage rule is one function with `canoe_advantages`'s signature and one line in ADVANTAGE_RULES; the
-config's `advantage_rule` then names it (tests/test_train.py trains with the README's example).
+Adding an advantage rule or a piece of the loss is one function with its kind's shared signature (written above
+each registry) and one registry line; the config then names it (tests/test_train.py trains with the README's
+examples).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from grpo_loss import group_advantages, zero_variance_groups
+from grpo_loss import group_advantages, seq_mean_token_mean, token_log_ratio, unit_weight, zero_variance_groups
 from plumbing.runtime import all_reduce_values
 
 
@@ -77,6 +80,73 @@ ADVANTAGE_RULES: dict[str, Callable[..., Tensor]] = {
 
 
 # --------------------------------------------------------------------------------------------------------------
+# The loss's pieces: grpo_loss.grpo_loss is CANOE's loss and calls one piece of each kind, CANOE's by default;
+# `Variants` hands it the ones the config names. Every tensor is in the loss's working dtype (float32, or float64
+# for float64 inputs); `mask` (N, T) is 1.0 at the trained tokens and 0.0 elsewhere.
+#
+# Aggregations: (per_token (N, T), mask (N, T), sequences, tokens, max_tokens) -> loss ()
+#   per_token is each token's loss ℓ, 0 outside the mask; sequences and tokens are the whole batch's counts (the
+#   config's max_completion_tokens is max_tokens). The loss must be a sum over this call's sequences divided by
+#   such batch-wide constants, so that the micro-batches' losses add up to the batch's (grpo_loss's contract).
+# Ratio levels: (log_ratio (N, T), mask (N, T)) -> log_ratio (N, T)
+#   log ρ per token, logp - logp_old at the trained tokens and 0 elsewhere, in and out.
+# Surrogate weights: (old (N, T), sampler (N, T) or None, mask (N, T), cap) -> (w (N, T), capped (N, T) bool)
+#   a constant weight per token that the clipped surrogate is multiplied by (the KL term is not), from π_old, the
+#   sampler's log-probabilities and the config's importance_cap; capped marks the trained tokens w was capped at.
+
+
+def token_mean(per_token: Tensor, mask: Tensor, sequences: float, tokens: float | Tensor,
+               max_tokens: int | None) -> Tensor:
+    """DAPO: the mean over every trained token of the batch, so a long completion's tokens weigh as much as a
+    short one's (in CANOE's mean of means each token of a long completion weighs less)."""
+    return per_token.sum() / tokens
+
+
+def seq_mean_token_sum_norm(per_token: Tensor, mask: Tensor, sequences: float, tokens: float | Tensor,
+                            max_tokens: int | None) -> Tensor:
+    """Dr. GRPO: the token losses summed and divided by a constant, sequences × L_max, so that neither a
+    completion's length nor the batch's token count rescales a token's gradient."""
+    if not (max_tokens or 0) > 0:
+        raise ValueError(f"seq-mean-token-sum-norm needs max_completion_tokens > 0, got {max_tokens}")
+    return per_token.sum() / (sequences * max_tokens)
+
+
+AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
+    "seq-mean-token-mean": seq_mean_token_mean,  # CANOE (DeepSeekMath eq. 3)
+    "token-mean": token_mean,  # DAPO
+    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,  # Dr. GRPO
+}
+
+
+def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    """GSPO: one ratio per sequence, the mean log-ratio of its trained tokens (the geometric mean of their ratios)
+    for every one of them, so a single token cannot move its sequence's ratio alone."""
+    mean = log_ratio.sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)  # (N, 1)
+    return torch.where(mask != 0, mean, 0.0)  # (N, T)
+
+
+RATIO_LEVELS: dict[str, Callable[..., Tensor]] = {
+    "token": token_log_ratio,  # CANOE (PPO's)
+    "sequence": sequence_log_ratio,  # GSPO
+}
+
+
+def truncated_importance(old: Tensor, sampler: Tensor | None, mask: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+    """Truncated importance sampling: w = min(π_old / π_sampler, C) per token, a constant. vLLM samples with
+    kernels of its own, so its probabilities differ from the trainer's π_old; w corrects the surrogate for it."""
+    if not cap > 0 or sampler is None:
+        raise ValueError(f"truncated importance sampling needs importance_cap > 0 and sampler_logprobs, got {cap}")
+    raw = torch.exp(torch.where(mask != 0, old - sampler.detach().to(old.dtype), 0.0))  # (N, T)
+    return raw.clamp(max=cap), (mask != 0) & (raw > cap)  # (N, T), (N, T)
+
+
+SURROGATE_WEIGHTS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
+    "none": unit_weight,  # CANOE: w = 1 (the config's importance_cap = 0)
+    "truncated_importance": truncated_importance,  # importance_cap > 0 (Yao et al. 2025)
+}
+
+
+# --------------------------------------------------------------------------------------------------------------
 # DAPO's masks: which sequences enter the loss
 
 
@@ -86,8 +156,9 @@ def trained_sequences(zero_variance: Tensor, group_size: int, truncated: Tensor,
 
     - `mask_truncated`: a completion cut off by the token limit (`truncated`, `(N,)` bool) has no end, so its
       reward judges an unfinished text; it gets no loss ("overlong filtering").
-    - `skip_zero_variance_groups`: a group whose advantages are all equal (`zero_variance`, `(B,)` bool) gives only the KL
-      term something to train on; all G of its sequences leave the loss (dynamic sampling also redraws them).
+    - `skip_zero_variance_groups`: a group whose advantages are all equal (`zero_variance`, `(B,)` bool) gives
+      only the KL term something to train on; all G of its sequences leave the loss (dynamic sampling also redraws
+      them).
 
     The caller zeroes the mask rows of dropped sequences and counts only the kept ones in the loss denominators,
     so that the kept ones weigh as if the batch were theirs.
@@ -126,8 +197,9 @@ def dynamic_sampling(rollout: Callable, draws: int, zero_variance: Callable[[Ten
     """`rollout(run, draw)` → a batch (rollout.Rollout) wrapped so that, while some rank holds a group whose
     advantages are all equal (`zero_variance(scores)`, (B,) bool) and fewer than `draws` extra draws were made,
     every rank draws its next B prompts, samples and scores them, and each such group is replaced, in order, by a
-    new group whose advantages vary (`refills`). Groups still without variance after `draws` draws stay. The ranks draw together, so their
-    samplers stay in step (and a checkpoint resumes them). Logs `rollout/extra_draws`, `rollout/replaced_groups`.
+    new group whose advantages vary (`refills`). Groups still without variance after `draws` draws stay. The ranks
+    draw together, so their samplers stay in step (and a checkpoint resumes them). Logs `rollout/extra_draws`,
+    `rollout/replaced_groups`.
     """
 
     def sample(run, draw: int = 0):
@@ -165,14 +237,16 @@ class Variants:
     mask_truncated: bool
     skip_zero_variance_groups: bool
     num_iterations: int  # μ
-    loss: dict  # grpo_loss.grpo_loss's keyword options
+    loss: dict  # grpo_loss.grpo_loss's keyword options, its pieces resolved to functions
     dynamic_sampling_draws: int
 
     @classmethod
     def create(cls, cfg) -> Variants:
+        weight = "truncated_importance" if cfg.importance_cap > 0 else "none"
         loss = {"clip_eps_low": cfg.clip_eps_low, "clip_eps_high": cfg.clip_eps_high, "beta": cfg.beta,
-                "aggregation": cfg.aggregation, "ratio_level": cfg.ratio_level,
-                "importance_cap": cfg.importance_cap, "max_completion_tokens": cfg.max_completion_tokens}
+                "max_completion_tokens": cfg.max_completion_tokens, "importance_cap": cfg.importance_cap,
+                "aggregation": AGGREGATIONS[cfg.aggregation], "ratio_level": RATIO_LEVELS[cfg.ratio_level],
+                "surrogate_weight": SURROGATE_WEIGHTS[weight]}
         weights = torch.tensor(list(cfg.rewards.values()), dtype=torch.float32)  # (R,)
         return cls(weights, cfg.num_generations, ADVANTAGE_RULES[cfg.advantage_rule], cfg.advantage_eps,
                    cfg.advantage_std, cfg.mask_truncated, cfg.skip_zero_variance_groups, cfg.num_iterations, loss,

@@ -174,9 +174,10 @@ def perturbed_lora(model_dir: str, dtype: torch.dtype, rank: int = 8):
 
 
 def training_step(model, vocab: int, recorder: DeviceOps) -> None:
-    """One micro-batch's loss and backward as canoe.forward_backward computes them, with π_ref, the importance
-    cap, several passes' clip and the metrics' reductions switched on, so every branch of the loss runs."""
+    """One micro-batch's loss and backward as canoe.forward_backward computes them, with π_ref, the truncated
+    importance weight (variants.py), several passes' clip and the metrics' reductions switched on."""
     import grpo_loss
+    import variants
     from training import packing
 
     prompts = [[(5 * i + 1) % vocab for i in range(12)]] * 2
@@ -189,7 +190,8 @@ def training_step(model, vocab: int, recorder: DeviceOps) -> None:
         advantages = grpo_loss.group_advantages(torch.tensor([1.0, 0.0]), 2)  # (M,)
         loss, metrics = grpo_loss.grpo_loss(logprobs, logprobs.detach() + 0.05, reference, advantages,
                                             packed.completion_mask, sampler_logprobs=logprobs.detach() - 0.1,
-                                            importance_cap=2.0, clip_eps_high=0.28, total_sequences=2.0)
+                                            importance_cap=2.0, clip_eps_high=0.28, total_sequences=2.0,
+                                            surrogate_weight=variants.SURROGATE_WEIGHTS["truncated_importance"])
         loss.backward()
         grpo_loss.summarize_metrics(grpo_loss.merge_metrics([metrics, metrics]))
 

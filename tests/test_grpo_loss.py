@@ -16,7 +16,7 @@ import grpo_loss
 import variants
 from config import Config
 from grpo_loss import group_advantages, grpo_loss as loss_fn, merge_metrics, summarize_metrics, token_logprobs
-from variants import Variants, decoupled_advantages, trained_sequences
+from variants import AGGREGATIONS, RATIO_LEVELS, SURROGATE_WEIGHTS, Variants, decoupled_advantages, trained_sequences
 
 LN2 = math.log(2.0)
 
@@ -111,7 +111,7 @@ def test_on_policy_value_and_gradient_token_mean():
     logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, -7.0]], requires_grad=True)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     A = torch.tensor([1.0, -0.5])
-    loss, _ = loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, aggregation="token-mean")
+    loss, _ = loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, aggregation=AGGREGATIONS["token-mean"])
     # 5 trained tokens: -(3·1 + 2·(-0.5)) / 5 = -2/5 = -0.4.
     assert_close(loss, torch.tensor(-0.4))
     # d loss / d logp_{i,t} = -A_i / 5:  -0.2 and 0.1.
@@ -220,14 +220,14 @@ def _random_batch(seed: int, N: int = 5, T: int = 6):
 def test_masked_positions_contribute_nothing(aggregation):
     logp, old, ref, A, mask = _random_batch(0)
     logp = logp.requires_grad_()
-    loss, metrics = loss_fn(logp, old, ref, A, mask, aggregation=aggregation)
+    loss, metrics = loss_fn(logp, old, ref, A, mask, aggregation=AGGREGATIONS[aggregation])
     grad = _grad(loss, logp)
 
     outside = mask == 0
     wild_logp = torch.where(outside, torch.full_like(logp, 80.0), logp.detach()).requires_grad_()
     wild_old = torch.where(outside, torch.full_like(old, -math.inf), old)
     wild_ref = torch.where(outside, torch.full_like(ref, math.nan), ref)
-    wild_loss, wild_metrics = loss_fn(wild_logp, wild_old, wild_ref, A, mask, aggregation=aggregation)
+    wild_loss, wild_metrics = loss_fn(wild_logp, wild_old, wild_ref, A, mask, aggregation=AGGREGATIONS[aggregation])
     wild_grad = _grad(wild_loss, wild_logp)
 
     assert_close(wild_loss, loss)
@@ -248,7 +248,8 @@ def test_arguments_are_not_modified():
 def test_micro_batches_sum_to_the_full_batch(aggregation):
     logp, old, ref, A, mask = _random_batch(2)
     full_logp = logp.clone().requires_grad_()
-    full_loss, full_metrics = loss_fn(full_logp, old, ref, A, mask, aggregation=aggregation, max_completion_tokens=8)
+    full_loss, full_metrics = loss_fn(full_logp, old, ref, A, mask, aggregation=AGGREGATIONS[aggregation],
+                                      max_completion_tokens=8)
     full_loss.backward()
 
     # Uneven micro-batches (2, 1, 2 sequences) of uneven lengths; the denominators are the whole batch's.
@@ -258,7 +259,7 @@ def test_micro_batches_sum_to_the_full_batch(aggregation):
     micro_losses, micro_metrics = [], []
     for rows in (slice(0, 2), slice(2, 3), slice(3, 5)):
         loss, metrics = loss_fn(
-            micro_logp[rows], old[rows], ref[rows], A[rows], mask[rows], aggregation=aggregation, **totals
+            micro_logp[rows], old[rows], ref[rows], A[rows], mask[rows], aggregation=AGGREGATIONS[aggregation], **totals
         )
         loss.backward()  # gradients accumulate in micro_logp.grad, as with gradient accumulation
         micro_losses.append(loss.detach())
@@ -273,7 +274,7 @@ def test_micro_batches_sum_to_the_full_batch(aggregation):
     # Without the totals each micro-batch uses its own denominator and the sum is not the batch loss: the
     # contract above is what makes the split invisible.
     local_sum = sum(
-        loss_fn(logp[rows], old[rows], ref[rows], A[rows], mask[rows], aggregation=aggregation,
+        loss_fn(logp[rows], old[rows], ref[rows], A[rows], mask[rows], aggregation=AGGREGATIONS[aggregation],
                 max_completion_tokens=8)[0]
         for rows in (slice(0, 2), slice(2, 3), slice(3, 5))
     )
@@ -284,7 +285,8 @@ def test_micro_batches_sum_to_the_full_batch(aggregation):
 def test_empty_sequences_do_not_produce_nan(aggregation):
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.5]], requires_grad=True)
     mask = torch.tensor([[1, 1], [0, 0]])  # the second sequence has no trained token
-    loss, _ = loss_fn(logp, logp.detach(), logp.detach(), torch.tensor([1.0, 3.0]), mask, aggregation=aggregation)
+    loss, _ = loss_fn(logp, logp.detach(), logp.detach(), torch.tensor([1.0, 3.0]), mask,
+                      aggregation=AGGREGATIONS[aggregation])
     # seq-mean-token-mean: (-1 + 0) / 2 sequences = -0.5;  token-mean: -(1 + 1) / 2 tokens = -1.
     assert_close(loss, torch.tensor(-0.5 if aggregation == "seq-mean-token-mean" else -1.0))
     assert_close(_grad(loss, logp)[1], torch.zeros(2))
@@ -522,7 +524,7 @@ def test_constant_normaliser_dr_grpo():
     logp = torch.full((2, 3), -1.0, requires_grad=True)
     mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     A = torch.tensor([2.0, -1.0])
-    loss, _ = loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, aggregation="seq-mean-token-sum-norm",
+    loss, _ = loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, aggregation=AGGREGATIONS["seq-mean-token-sum-norm"],
                       max_completion_tokens=4)
     # token losses -A: seq 0 one token of -2, seq 1 three tokens of +1 -> sum = -2 + 3 = 1
     # divided by N · L_max = 2 · 4 = 8 -> 0.125; every trained token's gradient is -A / 8
@@ -532,7 +534,7 @@ def test_constant_normaliser_dr_grpo():
     loss, _ = loss_fn(logp, logp.detach(), None, A, mask, beta=0.0)
     assert_close(loss, torch.tensor(-0.5))
     with pytest.raises(ValueError, match="max_completion_tokens"):
-        loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, aggregation="seq-mean-token-sum-norm")
+        loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, aggregation=AGGREGATIONS["seq-mean-token-sum-norm"])
 
 
 def test_sequence_level_ratio_gspo():
@@ -541,7 +543,7 @@ def test_sequence_level_ratio_gspo():
     old = torch.log(torch.tensor([[0.5, 0.5]]))
     new = torch.log(torch.tensor([[0.72, 0.5]])).requires_grad_()
     A, mask = torch.tensor([1.0]), torch.ones(1, 2)
-    loss, metrics = loss_fn(new, old, None, A, mask, beta=0.0, ratio_level="sequence", clip_eps_high=0.3)
+    loss, metrics = loss_fn(new, old, None, A, mask, beta=0.0, ratio_level=RATIO_LEVELS["sequence"], clip_eps_high=0.3)
     # every token uses s = 1.2 (inside [0.8, 1.3]): loss = -(1.2 + 1.2) / 2 = -1.2
     # s = exp((Δ_1 + Δ_2) / 2), so d s / d logp_t = s / 2, and d loss / d logp_t = -(1/2)(s/2 + s/2) = -s/2 = -0.6
     assert_close(loss, torch.tensor(-1.2))
@@ -550,7 +552,7 @@ def test_sequence_level_ratio_gspo():
     assert_close(summary["loss/ratio_min"], 1.2)
     assert_close(summary["loss/ratio_max"], 1.2)
     # with ε_high = 0.1 it is clipped for both tokens: loss -1.1, no gradient
-    loss, metrics = loss_fn(new, old, None, A, mask, beta=0.0, ratio_level="sequence", clip_eps_high=0.1)
+    loss, metrics = loss_fn(new, old, None, A, mask, beta=0.0, ratio_level=RATIO_LEVELS["sequence"], clip_eps_high=0.1)
     assert_close(loss, torch.tensor(-1.1))
     assert_close(_grad(loss, new), torch.tensor([[0.0, 0.0]]))
     assert_close(summarize_metrics(metrics)["loss/clip_frac"], 1.0)
@@ -565,8 +567,8 @@ def test_truncated_importance_sampling():
     logp = torch.log(torch.tensor([[0.5, 0.5, 0.6]])).requires_grad_()
     sampler = torch.log(torch.tensor([[0.4, 0.5, 0.2]]))
     A, mask = torch.tensor([1.0]), torch.ones(1, 3)
-    loss, metrics = loss_fn(logp, logp.detach(), logp.detach(), A, mask, beta=0.1, sampler_logprobs=sampler,
-                            importance_cap=2.0)
+    capped = {"surrogate_weight": SURROGATE_WEIGHTS["truncated_importance"], "importance_cap": 2.0}
+    loss, metrics = loss_fn(logp, logp.detach(), logp.detach(), A, mask, beta=0.1, sampler_logprobs=sampler, **capped)
     # w = min(ratio, 2) = (1.25, 1, 2); token loss -w · ρA = -w; mean over 3 tokens = -(1.25 + 1 + 2) / 3
     assert_close(loss, torch.tensor(-(1.25 + 1 + 2) / 3))
     # gradient of -w ρ A / 3 is -w / 3 (w is a constant); the KL term adds 0 at logp = ref
@@ -582,10 +584,10 @@ def test_truncated_importance_sampling():
     # the KL term is not weighted: ref ≠ logp at the first token only, ref = log 0.25, logp = log 0.5:
     #   D = exp(ref - logp) - (ref - logp) - 1 = 0.5 + ln 2 - 1; its loss share β D / 3 is the same with or without w
     ref = torch.log(torch.tensor([[0.25, 0.5, 0.6]]))
-    with_kl, _ = loss_fn(logp, logp.detach(), ref, A, mask, beta=0.1, sampler_logprobs=sampler, importance_cap=2.0)
+    with_kl, _ = loss_fn(logp, logp.detach(), ref, A, mask, beta=0.1, sampler_logprobs=sampler, **capped)
     assert_close(with_kl, torch.tensor(-(1.25 + 1 + 2) / 3 + 0.1 * (0.5 + LN2 - 1) / 3))
     with pytest.raises(ValueError, match="importance_cap"):
-        loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, importance_cap=2.0)  # no sampler log-probabilities
+        loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, **capped)  # no sampler log-probabilities
 
 
 def test_decoupled_advantages_gdpo_hand_values():

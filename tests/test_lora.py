@@ -20,6 +20,7 @@ from training import packing
 from plumbing import weight_sync
 from config import LORA_TARGETS, Config, ConfigError, load_config
 from grpo_loss import grpo_loss
+from variants import AGGREGATIONS
 from test_sleep_order import SleepModeEngine, cuda_kernels, fixed_rewards, make_run, process_group, tiny_model  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,7 +120,7 @@ def test_the_adapter_gradients_follow_from_the_merged_weights_gradient():
     def backward(policy) -> None:
         logprobs = packing.completion_logprobs(policy, packed)  # (2, C)
         loss, _ = grpo_loss(logprobs, logprobs.detach(), ref, advantages, mask, beta=0.04,
-                            aggregation="seq-mean-token-mean", total_sequences=2.0)
+                            aggregation=AGGREGATIONS["seq-mean-token-mean"], total_sequences=2.0)
         loss.backward()
 
     backward(model)

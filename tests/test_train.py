@@ -327,9 +327,10 @@ def test_several_updates_per_rollout_make_the_ratio_and_the_importance_weights_a
 
 
 def readme_example(heading: str = "## Adding a reward") -> str:
-    """The code block of a README section ("Adding a reward", "Adding a loss variant"), as a user would copy it."""
-    section = (ROOT / "README.md").read_text().split(heading, 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+    """The Python blocks of a README section ("Adding a reward", "Adding a loss variant"), one after the other, as
+    a user would copy them."""
+    section = (ROOT / "README.md").read_text().split(heading, 1)[1].split("\n## ", 1)[0]
+    return "\n".join(block.split("```", 1)[0] for block in section.split("```python\n")[1:])
 
 
 def fork_repository(fork: Path) -> Path:
@@ -356,10 +357,11 @@ FORK_REWARDS = {"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0,
 
 @pytest.fixture(scope="module")
 def fork_run(tmp_path_factory, smoke_data) -> Path:
-    """One run of a user's fork, launched once and read by three tests: rewards.py with the README's reward example
-    appended as it stands and a reward that reads the `message` column; CANOE's final_10k.jsonl rows (problem,
-    solution, the chat in `message` as a list of {role, content}, other columns); three steps under a time budget
-    that the first step spends. Returns the folder that holds `run/`."""
+    """One run of a user's fork, launched once and read by the tests below: rewards.py with the README's reward
+    example appended as it stands and a reward that reads the `message` column; variants.py with the README's loss
+    variants appended as they stand (RLOO's advantages, the seq-mean-token-sum aggregation), which the config names;
+    CANOE's final_10k.jsonl rows (problem, solution, the chat in `message` as a list of {role, content}, other
+    columns); three steps under a time budget that the first step spends. Returns the folder that holds `run/`."""
     folder = tmp_path_factory.mktemp("fork-run")
     rows = [{**row, "message": [{"role": "user", "content": row["problem"]}], "source": "canoe"}
             for row in read_jsonl(smoke_data)]
@@ -371,7 +373,8 @@ def fork_run(tmp_path_factory, smoke_data) -> Path:
     with open(fork / "variants.py", "a") as f:
         f.write("\n\n" + readme_example("## Adding a loss variant"))
     config = write_config(folder, canoe_file, max_steps=3, max_minutes=0.001, model=str(SMOKE_MODEL),
-                          rewards=FORK_REWARDS, advantage_rule="rloo")
+                          rewards=FORK_REWARDS, advantage_rule="rloo",
+                          aggregation="seq-mean-token-sum")
     launch(config, 1, root=fork, launcher=False)
     return folder
 
@@ -396,6 +399,32 @@ def test_the_readmes_advantage_rule_trains(fork_run):
         for reward, sample in zip(rewards, samples[start:start + G]):
             others = (sum(rewards) - reward) / (G - 1)
             assert sample["advantage"] == pytest.approx(reward - others, abs=1e-5)
+
+
+def test_the_readmes_aggregation_trains(fork_run):
+    """The fork's variants.py has the README's seq-mean-token-sum appended and its config names it: the logged loss
+    is that aggregation's hand value. At the first step π_θ = π_old (ρ = 1) and w = 1, so token t of completion i
+    has the loss -(A_i - β D_{i,t}), and L = (1/N) Σ_i Σ_t -(A_i - β D_{i,t}) = (-Σ_i A_i |o_i| + β Σ D) / N, where
+    |o_i| is the completion's trained tokens (its sampled tokens, EOS included) and Σ D = loss/kl × Σ_i |o_i|.
+    CANOE's seq-mean-token-mean would give -(1/N) Σ_i A_i + β (...) instead, and RLOO's advantages sum to 0 in
+    every group, so the first term tells the two apart."""
+    from transformers import AutoTokenizer
+
+    (metrics,) = read_jsonl(fork_run / "run" / "metrics.jsonl")
+    samples = read_jsonl(fork_run / "run" / "samples.jsonl")
+    config = json.loads((fork_run / "run" / "run_config.json").read_text())["config"]
+    tokenizer = AutoTokenizer.from_pretrained(SMOKE_MODEL)
+    # a completion's sampled tokens: its text's, and the EOS that ended it unless it ran to max_completion_tokens
+    # (the smoke model writes its taught format, whose text tokenizes back to the sampled tokens; the sum of the
+    # lengths is checked against the logged mean below)
+    lengths = [min(len(tokenizer(s["completion"], add_special_tokens=False)["input_ids"]) + 1,
+                   config["max_completion_tokens"]) for s in samples]
+    N, tokens = len(samples), sum(lengths)
+    assert metrics["train/trained_frac"] == 1.0 and tokens == pytest.approx(N * metrics["completion/length_mean"])
+    surrogate = sum(s["advantage"] * n for s, n in zip(samples, lengths))
+    assert abs(surrogate) > 0.1, "every completion the same length: the aggregations would not differ"
+    expected = (-surrogate + config["beta"] * metrics["loss/kl"] * tokens) / N
+    assert metrics["loss/loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
 
 
 def test_time_budget_ends_the_run_with_a_checkpoint(fork_run):
