@@ -81,7 +81,7 @@ class Run:
     reference: Any  # frozen reference model (or its DeepSpeed engine under ZeRO-3); None when β = 0 or with LoRA
     llm: Any  # this rank's vLLM engine
     rows: list[dict]
-    sampler: data.PromptSampler  # this rank's prompts, step by step
+    prompt_sampler: data.PromptSampler  # this rank's prompts, step by step
     grader: Any
     total_steps: int
     variants: Variants  # the GRPO variants the config turns on (none by default)
@@ -189,7 +189,7 @@ def restore(run: Run) -> None:
         raise SystemExit(f"error: --resume given but {run.out}/checkpoints has no complete checkpoint")
     state = checkpoint.load_checkpoint(path, engine=run.engine, rank=run.rank)
     run.step = state["step"]
-    run.sampler.load_state_dict(state["sampler"])
+    run.prompt_sampler.load_state_dict(state["sampler"])
     run.bad_steps_total = state.get("bad_steps_total", 0)
     if run.rank == 0:  # steps after the checkpoint will be redone: drop their log lines so each step appears once
         for name in ("metrics.jsonl", "samples.jsonl"):
@@ -209,17 +209,17 @@ def train_step(run: Run) -> Step:
     # 1. Rollout (vLLM). Stage 1: G samples per prompt. Stage 2: each sample's long answer in place of its
     #    prompt's context, one new sample from that (None where there is no long answer to put in).
     # 2. Rewards: every configured reward function scores every completion; the total is their weighted sum.
-    batch = sample_and_score(run)  # B rows, N completions, N stage-2 entries, (N, R) scores
-    rewards = batch.scores @ run.variants.reward_weights  # (N,)
+    sampled = sample_and_score(run)  # B rows, N completions, N stage-2 entries, (N, R) scores
+    rewards = sampled.scores @ run.variants.reward_weights  # (N,)
 
     # 3. Group-relative advantages (grpo_loss.py), and the sequences that enter the loss: all of them, unless a
     #    variant masks some (variants.py).
-    advantages = run.variants.advantages(batch.scores)  # (N,)
-    kept = run.variants.trained(advantages, batch.completions)  # (N,) bool
+    advantages = run.variants.advantages(sampled.scores)  # (N,)
+    kept = run.variants.kept(advantages, sampled.completions)  # (N,) bool
 
     # 4. Micro-batches, each packed into one row, and what does not change while training on this rollout:
     #    π_ref (for the KL) and π_old (the policy that sampled, for the ratio) of every sampled token.
-    micro = micro_batches(run, batch, advantages, kept)
+    micro = micro_batches(run, sampled, advantages, kept)
     totals = loss_constants(run, micro, kept)  # the loss's denominators; None: no rank kept a sequence
 
     # 5. Loss and backward per micro-batch; DeepSpeed applies the update at the last one.
@@ -229,7 +229,7 @@ def train_step(run: Run) -> Step:
     pushed = run.push(run.engine)
 
     run.step += 1
-    return Step(batch, rewards, advantages, kept, losses, micro, pushed)
+    return Step(sampled, rewards, advantages, kept, losses, micro, pushed)
 
 
 def sample_and_score(run: Run) -> rollout.Rollout:
@@ -244,7 +244,7 @@ def sample_and_score(run: Run) -> rollout.Rollout:
 
 def rollout_batch(run: Run, draw: int = 0) -> rollout.Rollout:
     """This rank's next B prompts, sampled in both stages and scored (`draw` > 0: dynamic sampling's extra draws)."""
-    rows = [run.rows[i] for i in run.sampler.next_batch()]  # B prompts
+    rows = [run.rows[i] for i in run.prompt_sampler.next_batch()]  # B prompts
     completions = sample_stage1(run, rows, draw)  # N completions, prompt-major
     stage2 = sample_stage2(run, rows, completions, draw)  # N entries
     return rollout.Rollout(rows, completions, stage2, score(run, rows, completions, stage2))  # scores (N, R)
@@ -286,7 +286,7 @@ def sample_stage2(run: Run, rows: list[dict], completions: list[rollout.Completi
                              add_special_tokens=False)["input_ids"]
 
     stage2 = rollout.generate_stage2(run.llm, [r["problem"] for r in rows], completions,
-                                     num_generations=cfg.num_generations, render=render,
+                                     group_size=cfg.num_generations, render=render,
                                      max_prompt_tokens=cfg.max_prompt_tokens + cfg.max_completion_tokens, **sampling(run, draw))
     return dataclasses.replace(stage2, completions=[with_prefix(cfg, c) for c in stage2.completions])
 
@@ -300,7 +300,7 @@ class Batch:
     packed: packing.Packed
     mask: torch.Tensor  # (M, C) trained tokens: completion tokens of the kept sequences
     advantages: torch.Tensor  # (M,)
-    sampler_logprobs: torch.Tensor  # (M, C) vLLM's log-probabilities of the sampled tokens
+    vllm_logprobs: torch.Tensor  # (M, C) vLLM's log-probabilities of the sampled tokens
     ref: torch.Tensor | None = None  # (M, C) π_ref, None when β = 0
     old: torch.Tensor | None = None  # (M, C) π_old: before the first update when μ > 1, else the first pass's own
 
@@ -318,11 +318,11 @@ def micro_batches(run: Run, batch: rollout.Rollout, advantages: torch.Tensor, ke
         prompts = [batch.rows[(start + i) // G]["prompt_ids"] for i in range(len(part))]
         packed = packing.pack_micro_batch(prompts, [c.token_ids for c in part], run.device)
         mask = packed.completion_mask * kept[start : start + M, None].to(packed.completion_mask)  # (M, C)
-        sampler_logprobs = torch.zeros(mask.shape)  # (M, C)
+        vllm_logprobs = torch.zeros(mask.shape)  # (M, C)
         for i, c in enumerate(part):
-            sampler_logprobs[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+            vllm_logprobs[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
         batches.append(Batch(start, part, packed, mask, advantages[start : start + M].to(run.device),
-                             sampler_logprobs.to(run.device)))
+                             vllm_logprobs.to(run.device)))
     return batches
 
 
@@ -399,7 +399,7 @@ def forward_backward(run: Run, batch: Batch, totals: dict[str, float]) -> tuple[
     if batch.old is None:  # μ = 1: the policy that sampled is the one being trained
         batch.old = logprobs.detach()
     loss, metrics = grpo_loss(logprobs, batch.old, batch.ref, batch.advantages, batch.mask,
-                              sampler_logprobs=batch.sampler_logprobs, **totals, **run.variants.loss)
+                              vllm_logprobs=batch.vllm_logprobs, **totals, **run.variants.loss)
     # Our loss is already a share of the whole step: DeepSpeed must not divide it by the accumulation steps.
     run.engine.backward(loss, scale_wrt_gas=False)
     return loss.detach(), metrics
@@ -464,7 +464,8 @@ def train(cfg: Config, resume: bool, verbose: bool = False) -> None:
         bar.set_postfix(reward=f"{metrics['reward/total']:.2f}", kl=f"{metrics['loss/kl']:.4f}",
                         len=f"{metrics['completion/length_mean']:.0f}", s=f"{metrics['time/step']:.1f}")
         if run.step == run.total_steps or (cfg.save_every and run.step % cfg.save_every == 0):
-            state = {"step": run.step, "sampler": run.sampler.state_dict(), "bad_steps_total": run.bad_steps_total}
+            state = {"step": run.step, "sampler": run.prompt_sampler.state_dict(),
+                     "bad_steps_total": run.bad_steps_total}
             checkpoint.save_checkpoint(run.out, run.step, engine=run.engine, tokenizer=run.tokenizer,
                                        zero_stage=cfg.zero_stage, trainer_state=state, rank=run.rank,
                                        keep=cfg.keep_checkpoints)

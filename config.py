@@ -18,8 +18,12 @@ and writes only those keys; a table such as `[rewards]`, if given, replaces the 
     output_dir = "runs/variant"
     num_iterations = 2
 
-The loss options beside CANOE's defaults (Dr. GRPO, DAPO, GSPO, truncated importance sampling) are documented in
-grpo_loss.py and listed in docs/loss-options.md; every default is the original CANOE run's (docs/differences.md, D15).
+Every key's default is the original CANOE run's, the paper's (lr 1e-6 cosine with 10 % warm-up, 2 prompts × 8
+accumulation steps a GPU, 1024 prompt and 1024 completion tokens, G = 7, β = 0.04, CANOE's system prompt, no LoRA):
+the GPU recipes (recipes/) inherit them. config.toml, the embedded default, is a small CPU run that sets its own
+values over them (LoRA, lr 5e-5 constant, one prompt a step, 832 + 128 tokens, a worked example). The loss options
+beside CANOE's (Dr. GRPO, DAPO, GSPO, truncated importance sampling) are registered in variants.py and listed in
+docs/loss-options.md, all off by default (docs/differences.md, D15).
 """
 
 from __future__ import annotations

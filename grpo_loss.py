@@ -42,6 +42,18 @@ Where this file differs from the original CANOE code, the place concerned names 
 With μ = 1 the driver passes the current log-probabilities detached as π_old, so ρ ≡ 1 and the clip never acts;
 with μ > 1 it passes those from before the first update, so from the second update on the clip acts.
 
+Micro-batches and metrics. Differs from CANOE (docs/differences.md, D14): the loss does not depend on the
+micro-batch split. Call `grpo_loss` once per micro-batch with `total_sequences` = rows of the whole batch and
+`total_tokens` = trained tokens of the whole batch, and the SUM of the returned losses (and of their gradients)
+equals the loss of the whole batch in one call: backpropagate each micro-batch loss as it is and step the optimiser
+once. Anything that rescales the loss on the way (DeepSpeed divides each micro-batch loss by
+gradient_accumulation_steps and averages gradients over data-parallel ranks) must be undone by the caller. The
+totals are not checked against the local counts, to avoid a device sync. The metrics are sums, counts and extremes,
+so micro-batches and ranks combine exactly: `merge_metrics` adds them up, `summarize_metrics` turns the total into
+the logged means. The clip fraction counts trained tokens where the clipped branch of the min is strictly smaller,
+i.e. where clipping zeroes the policy gradient (A > 0 and ρ > 1 + ε_high, or A < 0 and ρ < 1 - ε_low); the KL
+metric is computed whenever `ref_logprobs` is given, even if β = 0.
+
 Run the tests: `python -m pytest tests/test_grpo_loss.py -q`.
 """
 
@@ -90,7 +102,7 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: s
     the original), "biased" (divide by G) or "none" (no division: A = r - mean, Dr. GRPO, which argues that the
     division over-weights groups that are almost all right or all wrong). A group whose rewards are all equal
     carries no signal and gets exactly 0 (not (r - mean) / eps, which float rounding of the mean could make
-    non-zero). Returns a new `(N,)` float tensor; `rewards` is not modified.
+    non-zero; docs/differences.md, D19). Returns a new `(N,)` float tensor; `rewards` is not modified.
 
     >>> group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0, 2.0, 4.0]), group_size=3, std="biased")
     tensor([ 0.0000,  0.0000,  0.0000, -1.2247,  0.0000,  1.2247])
@@ -151,7 +163,7 @@ def token_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
     return log_ratio  # (N, T)
 
 
-def unit_weight(old: Tensor, sampler: Tensor | None, mask: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+def unit_weight(old: Tensor, vllm: Tensor | None, mask: Tensor, cap: float) -> tuple[Tensor, Tensor]:
     """CANOE's surrogate weight: w = 1 for every token, none capped (signature: variants.py)."""
     return torch.ones_like(old), torch.zeros_like(mask, dtype=torch.bool)  # (N, T), (N, T)
 
@@ -159,51 +171,30 @@ def unit_weight(old: Tensor, sampler: Tensor | None, mask: Tensor, cap: float) -
 def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, advantages: Tensor, mask: Tensor,
               *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2, beta: float = 0.04,
               total_sequences: float | None = None, total_tokens: float | None = None,
-              max_completion_tokens: int | None = None, sampler_logprobs: Tensor | None = None,
+              max_completion_tokens: int | None = None, vllm_logprobs: Tensor | None = None,
               importance_cap: float = 0.0, aggregation: Callable[..., Tensor] = seq_mean_token_mean,
               ratio_level: Callable[..., Tensor] = token_log_ratio,
               surrogate_weight: Callable[..., tuple[Tensor, Tensor]] = unit_weight,
               ) -> tuple[Tensor, dict[str, Tensor]]:
     """CANOE's clipped GRPO loss with a β-weighted k3 KL penalty (equations in the module docstring).
 
-    Args:
-        logprobs: `(N, T)` log π_θ of the sampled tokens; the only input that carries gradient.
-        old_logprobs: `(N, T)` log π_old of the same tokens (the sampling policy); treated as a constant.
-            Differs from CANOE (docs/differences.md, D12): the loss takes π_old as an argument.
-        ref_logprobs: `(N, T)` log π_ref of the same tokens, constant; may be None only when `beta == 0`.
-        advantages: `(N,)` one advantage per sequence, constant (see `group_advantages`).
-        mask: `(N, T)`, non-zero exactly at the trained positions: completion tokens including the EOS that
-            ended the completion; zero at prompt and padding. Values outside the mask (even inf or NaN) never
-            reach the loss, its gradient or the metrics.
-            Differs from CANOE (docs/differences.md, D13): the mask is explicit, never inferred from pad ids.
-        clip_eps_low, clip_eps_high: ρ is clipped to [1 - ε_low, 1 + ε_high].
-        beta: KL weight β.
-        total_sequences, total_tokens: the batch's sequences and trained tokens, the aggregation's denominators;
-            default this call's: N (rows with an empty mask count too: completions of the batch that contribute
-            0) and its trained tokens (at least 1).
-        max_completion_tokens: L_max, handed to the aggregation (seq-mean-token-sum-norm needs it).
-        sampler_logprobs, importance_cap: the `(N, T)` log-probabilities the sampler (vLLM) reported for the same
-            tokens, constant, and C; handed to the surrogate weight (truncated importance sampling needs both).
-        aggregation, ratio_level, surrogate_weight: the loss's pieces, CANOE's by default; the others are in
-            variants.py (`AGGREGATIONS`, `RATIO_LEVELS`, `SURROGATE_WEIGHTS`, with their shared signatures).
+    `logprobs` `(N, T)`: log π_θ of the sampled tokens, the only input that carries gradient. `old_logprobs`,
+    `ref_logprobs` `(N, T)`: log π_old (the sampling policy) and log π_ref of the same tokens, constants; π_ref
+    may be None only when `beta == 0`. Differs from CANOE (docs/differences.md, D12): the loss takes π_old as an argument.
+    `advantages` `(N,)`: one per sequence, constant (`group_advantages`). `mask` `(N, T)`: non-zero exactly at the
+    trained positions (completion tokens including the EOS that ended one); values outside it (even inf or NaN)
+    never reach the loss, its gradient or the metrics. Differs from CANOE (docs/differences.md, D13): the mask is
+    explicit, never inferred from pad ids. ρ is clipped to [1 - `clip_eps_low`, 1 + `clip_eps_high`].
+    `total_sequences`, `total_tokens`: the whole batch's sequences and trained tokens, the aggregation's
+    denominators (default this call's N and trained tokens, at least 1). `max_completion_tokens`, and
+    `vllm_logprobs` `(N, T)` (vLLM's, constant) with `importance_cap`, are handed to the pieces that need them.
+    `aggregation`, `ratio_level`, `surrogate_weight`: CANOE's by default; the others are in variants.py
+    (`AGGREGATIONS`, `RATIO_LEVELS`, `SURROGATE_WEIGHTS`, with their shared signatures).
 
-    Differs from CANOE (docs/differences.md, D14): the loss does not depend on the micro-batch split.
-    Micro-batch contract: split a batch into micro-batches, call this once per micro-batch with
-    `total_sequences` = rows of the whole batch and `total_tokens` = trained tokens of the whole batch, and the SUM
-    of the returned losses (and of their gradients) equals the loss of the whole batch in one call. So
-    backpropagate each micro-batch loss as it is and step the optimiser once. Anything that rescales the loss on
-    the way (DeepSpeed divides each micro-batch loss by gradient_accumulation_steps and averages gradients over
-    data-parallel ranks) must be undone by the caller, for example by multiplying the loss back or dividing the
-    totals by the same factors. The totals are not checked against the local counts, to avoid a device sync.
-
-    Returns `(loss, metrics)`: `loss` is a 0-d float32 tensor (float64 for float64 inputs); `metrics` maps the
-    keys of `METRIC_REDUCTIONS` to detached 0-d tensors on the input device. They are sums, counts and
-    extremes, so micro-batches and ranks combine exactly: `merge_metrics` adds them up, `summarize_metrics`
-    turns the total into the logged means. The clip fraction counts trained tokens where the clipped branch
-    of the min is strictly smaller, i.e. where clipping zeroes the policy gradient: A > 0 and ρ > 1 + ε_high,
-    or A < 0 and ρ < 1 - ε_low. The KL metric is computed whenever `ref_logprobs` is given, even if β = 0.
+    Returns `(loss, metrics)`: a 0-d float32 loss (float64 for float64 inputs) and the keys of `METRIC_REDUCTIONS`
+    as detached 0-d sums, counts and extremes (the module's "Micro-batches and metrics").
     """
-    _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, sampler_logprobs, beta, clip_eps_low,
+    _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, clip_eps_low,
                   clip_eps_high, total_sequences, total_tokens, importance_cap,
                   aggregation=aggregation, ratio_level=ratio_level, surrogate_weight=surrogate_weight)
     # Work in at least float32: ratios of bf16 log-probabilities would be too coarse.
@@ -218,7 +209,7 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
     # and inf * 0 would turn into NaN in the loss and its gradient even though those positions are masked out.
     ratio = torch.exp(ratio_level(torch.where(trained, logp - old, 0.0), weight))  # (N, T)
     surrogate = torch.minimum(ratio * A, ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * A)  # (N, T)
-    importance, capped = surrogate_weight(old, sampler_logprobs, weight, importance_cap)  # (N, T) constant, bool
+    importance, capped = surrogate_weight(old, vllm_logprobs, weight, importance_cap)  # (N, T) constant, bool
     kl = torch.zeros_like(logp)  # (N, T): without a reference model there is no KL
     if ref_logprobs is not None:
         ref_log_ratio = torch.where(trained, ref_logprobs.detach().to(dtype) - logp, 0.0)  # (N, T)
@@ -237,7 +228,7 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
     return loss, metrics
 
 
-def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, sampler_logprobs, beta, clip_eps_low,
+def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, clip_eps_low,
                   clip_eps_high, total_sequences, total_tokens, importance_cap, **pieces) -> None:
     """grpo_loss's arguments, with an error that names the one that is wrong."""
     if logprobs.dim() != 2:
@@ -246,7 +237,7 @@ def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, sample
     if N == 0 or T == 0:
         raise ValueError(f"empty batch: logprobs has shape {tuple(logprobs.shape)}")
     tensors = (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs), ("mask", mask),
-               ("sampler_logprobs", sampler_logprobs))
+               ("vllm_logprobs", vllm_logprobs))
     for name, tensor in tensors:
         if tensor is not None and tensor.shape != (N, T):
             raise ValueError(f"{name} must have the shape of logprobs {(N, T)}, got {tuple(tensor.shape)}")
@@ -256,8 +247,8 @@ def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, sample
         raise ValueError(f"ref_logprobs is required when beta != 0 (beta = {beta})")
     if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
         raise ValueError(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}")
-    if importance_cap < 0 or (importance_cap > 0 and sampler_logprobs is None):
-        raise ValueError(f"importance_cap must be 0 (off) or positive with sampler_logprobs given, "
+    if importance_cap < 0 or (importance_cap > 0 and vllm_logprobs is None):
+        raise ValueError(f"importance_cap must be 0 (off) or positive with vllm_logprobs given, "
                          f"got {importance_cap}")
     for name, total in (("total_sequences", total_sequences), ("total_tokens", total_tokens)):
         if total is not None and not total > 0:

@@ -204,15 +204,16 @@ class Stage2:
     too_long: int  # usable long answers whose new prompt exceeded the engine's context length
 
 
-def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completion], *, num_generations: int,
+def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completion], *, group_size: int,
                     render: Callable[[str], list[int]], max_prompt_tokens: int, temperature: float, top_p: float,
                     max_tokens: int, seed: int, step: int | str, rank: int, lora_request=None) -> Stage2:
     """One regeneration per stage-1 completion that has a long answer and whose prompt has a context block.
 
-    `problems` holds the B dataset problems; completion i belongs to problems[i // G]. `render` turns a problem
+    `problems` holds the B dataset problems; completion i belongs to problems[i // G], G = `group_size` (stage 1's
+    samples per prompt; stage 2 samples once per completion). `render` turns a problem
     into chat-template token ids. Completions without a usable long answer get None (influence reward 0).
     """
-    G = num_generations
+    G = group_size
     assert len(completions) == len(problems) * G, (len(completions), len(problems), G)
     new_problems: list[str | None] = []
     for i, completion in enumerate(completions):

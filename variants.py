@@ -54,7 +54,7 @@ def decoupled_advantages(scores: Tensor, weights: Tensor, group_size: int, eps: 
     of the sum's spread and drowns in the other rewards' noise; normalised first, a group with one correct answer
     gives it an accuracy advantage of the same size whatever the other rewards do (GDPO, NVlabs; TRL's
     `multi_objective_aggregation = "normalize_then_sum"`). `std` is group_advantages' flavour, also used for the
-    batch-wide rescaling.
+    batch-wide rescaling, which runs over this rank's sequences (TRL's over every rank's: docs/differences.md, D20).
 
     >>> decoupled_advantages(torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0]]),
     ...                      torch.tensor([1.0, 1.0]), group_size=2, eps=0.0, std="biased")
@@ -90,7 +90,7 @@ ADVANTAGE_RULES: dict[str, Callable[..., Tensor]] = {
 #   such batch-wide constants, so that the micro-batches' losses add up to the batch's (grpo_loss's contract).
 # Ratio levels: (log_ratio (N, T), mask (N, T)) -> log_ratio (N, T)
 #   log ρ per token, logp - logp_old at the trained tokens and 0 elsewhere, in and out.
-# Surrogate weights: (old (N, T), sampler (N, T) or None, mask (N, T), cap) -> (w (N, T), capped (N, T) bool)
+# Surrogate weights: (old (N, T), vllm (N, T) or None, mask (N, T), cap) -> (w (N, T), capped (N, T) bool)
 #   a constant weight per token that the clipped surrogate is multiplied by (the KL term is not), from π_old, the
 #   sampler's log-probabilities and the config's importance_cap; capped marks the trained tokens w was capped at.
 
@@ -131,12 +131,12 @@ RATIO_LEVELS: dict[str, Callable[..., Tensor]] = {
 }
 
 
-def truncated_importance(old: Tensor, sampler: Tensor | None, mask: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+def truncated_importance(old: Tensor, vllm: Tensor | None, mask: Tensor, cap: float) -> tuple[Tensor, Tensor]:
     """Truncated importance sampling: w = min(π_old / π_sampler, C) per token, a constant. vLLM samples with
     kernels of its own, so its probabilities differ from the trainer's π_old; w corrects the surrogate for it."""
-    if not cap > 0 or sampler is None:
-        raise ValueError(f"truncated importance sampling needs importance_cap > 0 and sampler_logprobs, got {cap}")
-    raw = torch.exp(torch.where(mask != 0, old - sampler.detach().to(old.dtype), 0.0))  # (N, T)
+    if not cap > 0 or vllm is None:
+        raise ValueError(f"truncated importance sampling needs importance_cap > 0 and vllm_logprobs, got {cap}")
+    raw = torch.exp(torch.where(mask != 0, old - vllm.detach().to(old.dtype), 0.0))  # (N, T)
     return raw.clamp(max=cap), (mask != 0) & (raw > cap)  # (N, T), (N, T)
 
 
@@ -150,7 +150,7 @@ SURROGATE_WEIGHTS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
 # DAPO's masks: which sequences enter the loss
 
 
-def trained_sequences(zero_variance: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,
+def kept_sequences(zero_variance: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,
                       skip_zero_variance_groups: bool = False) -> Tensor:
     """`(N,)` bool: which sequences enter the loss. Both options come from DAPO (Yu et al. 2025, arXiv 2503.14476):
 
@@ -163,7 +163,7 @@ def trained_sequences(zero_variance: Tensor, group_size: int, truncated: Tensor,
     The caller zeroes the mask rows of dropped sequences and counts only the kept ones in the loss denominators,
     so that the kept ones weigh as if the batch were theirs.
 
-    >>> trained_sequences(torch.tensor([True, False]), 2, torch.tensor([False, False, True, False]),
+    >>> kept_sequences(torch.tensor([True, False]), 2, torch.tensor([False, False, True, False]),
     ...                   mask_truncated=True, skip_zero_variance_groups=True)
     tensor([False, False, False,  True])
     """
@@ -261,10 +261,10 @@ class Variants:
         """`(B,)` bool: the groups whose advantages are all equal, which teach nothing but the KL."""
         return zero_variance_groups(self.advantages(scores), self.group_size)
 
-    def trained(self, advantages: Tensor, completions: list) -> Tensor:
+    def kept(self, advantages: Tensor, completions: list) -> Tensor:
         """`(N,)` bool: the sequences that enter the loss (all of them unless a DAPO mask is on)."""
         truncated = torch.tensor([c.finish_reason == "length" for c in completions])  # (N,)
-        return trained_sequences(zero_variance_groups(advantages, self.group_size), self.group_size, truncated,
+        return kept_sequences(zero_variance_groups(advantages, self.group_size), self.group_size, truncated,
                                  mask_truncated=self.mask_truncated,
                                  skip_zero_variance_groups=self.skip_zero_variance_groups)
 

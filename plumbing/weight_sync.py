@@ -356,8 +356,8 @@ def _engine_sums_worker(worker, scope: frozenset[str] | None = None) -> WeightSu
 def engine_weight_sums(llm, scope: frozenset[str] | None = None) -> WeightSums:
     """The WeightSums of the engine's parameters built from the modules of `scope` (all with None). vLLM calls a
     function given to `collective_rpc` with its worker (one worker here, tensor parallel 1); the fused modules'
-    parts come from the model's `packed_modules_mapping` (a class attribute of vLLM's ...ForCausalLM models). Shared parameters count once, as in the trainer's
-    `named_parameters`."""
+    parts come from the model's `packed_modules_mapping` (a class attribute of vLLM's ...ForCausalLM models).
+    Shared parameters count once, as in the trainer's `named_parameters`."""
     return llm.collective_rpc(_engine_sums_worker, kwargs={"scope": scope})[0]
 
 

@@ -189,7 +189,7 @@ def training_step(model, vocab: int, recorder: DeviceOps) -> None:
             reference = packing.completion_logprobs(model, packed) - 0.01
         advantages = grpo_loss.group_advantages(torch.tensor([1.0, 0.0]), 2)  # (M,)
         loss, metrics = grpo_loss.grpo_loss(logprobs, logprobs.detach() + 0.05, reference, advantages,
-                                            packed.completion_mask, sampler_logprobs=logprobs.detach() - 0.1,
+                                            packed.completion_mask, vllm_logprobs=logprobs.detach() - 0.1,
                                             importance_cap=2.0, clip_eps_high=0.28, total_sequences=2.0,
                                             surrogate_weight=variants.SURROGATE_WEIGHTS["truncated_importance"])
         loss.backward()

@@ -160,10 +160,10 @@ def make_step(rank: int):
                                      "reward/timeouts": mine["timeouts"], "reward/grader_errors": mine["grader_errors"],
                                      "faithfulness/em": mine["em"]})
     micro = SimpleNamespace(packed=SimpleNamespace(completion_mask=torch.ones(2, 1)), old=torch.zeros(2, 1),
-                            sampler_logprobs=torch.full((2, 1), -0.01))  # vLLM − trainer: 0.01 per token
+                            vllm_logprobs=torch.full((2, 1), -0.01))  # vLLM − trainer: 0.01 per token
     step = Step(rollout=batch, rewards=torch.tensor([1.0, 0.0]), advantages=torch.tensor([1.0, -1.0]),
                 kept=torch.tensor([True, True]), losses=[(torch.tensor(mine["loss"]), mine["metrics"])],
-                batches=[micro], pushed={"sync/push_seconds": 0.1, "sync/push_max_abs_diff": mine["diff"]})
+                micro_batches=[micro], pushed={"sync/push_seconds": 0.1, "sync/push_max_abs_diff": mine["diff"]})
     run = SimpleNamespace(engine=SimpleNamespace(get_lr=lambda: [1e-6], get_global_grad_norm=lambda: 0.5),
                           bad_steps_total=2, times={"rewards": 1.0}, step=3)
     return step, run

@@ -29,7 +29,7 @@ def scripted(monkeypatch):
     draws = []
 
     def rollout(run, draw=0):
-        rows = [run.rows[i] for i in run.sampler.next_batch()]
+        rows = [run.rows[i] for i in run.prompt_sampler.next_batch()]
         draws.append(([row["index"] for row in rows], draw))
         completions = [Completion(f"p{row['index']} s{i}", (row["index"],), (-0.5,), "stop") for row in rows for i in range(G)]
         stage2 = Stage2([f"problem {row['index']}" for row in rows for _ in range(G)], [None] * len(completions), 1)
@@ -47,7 +47,7 @@ def scripted(monkeypatch):
         sampler = PromptSampler(8, B, seed=0)
         sampler.epoch_order = lambda epoch: list(range(8))  # file order, so the script reads top to bottom
         cfg = Config(num_generations=G, prompts_per_device=B, dynamic_sampling_draws=D, rewards={"accuracy": 1.0})
-        run = SimpleNamespace(cfg=cfg, rows=[{"index": i} for i in range(8)], sampler=sampler, step=0)
+        run = SimpleNamespace(cfg=cfg, rows=[{"index": i} for i in range(8)], prompt_sampler=sampler, step=0)
         return run, variants.Variants.create(cfg).rollout(rollout)
 
     return make_run, draws
@@ -70,7 +70,7 @@ def test_flat_groups_are_replaced_in_order_by_varied_groups_of_new_draws(scripte
 def test_draws_stop_at_the_limit_and_flat_groups_stay(scripted):
     make_run, draws = scripted
     run, rollout = make_run(B=1, D=2)
-    run.sampler.next_batch()  # start at prompt 1: flat, and so are 2 (the first extra draw); 3 varies
+    run.prompt_sampler.next_batch()  # start at prompt 1: flat, and so are 2 (the first extra draw); 3 varies
     batch = rollout(run)
     rows, counts = batch.rows, batch.metrics
     assert [row["index"] for row in rows] == [3] and counts == {"rollout/extra_draws": 2, "rollout/replaced_groups": 1}
@@ -78,7 +78,7 @@ def test_draws_stop_at_the_limit_and_flat_groups_stay(scripted):
 
     draws.clear()
     run, rollout = make_run(B=1, D=1)
-    run.sampler.next_batch()
+    run.prompt_sampler.next_batch()
     batch = rollout(run)
     rows, scores, counts = batch.rows, batch.scores, batch.metrics
     assert [row["index"] for row in rows] == [1] and scores.flatten().tolist() == SCRIPT[1]  # one draw, still flat
@@ -88,7 +88,7 @@ def test_draws_stop_at_the_limit_and_flat_groups_stay(scripted):
 def test_off_by_default_and_every_rank_draws_while_any_rank_needs_to(scripted):
     make_run, draws = scripted
     run, rollout = make_run(B=1, D=0)
-    run.sampler.next_batch()  # prompt 1, flat: with D = 0 the rollout is the plain one and nothing more is drawn
+    run.prompt_sampler.next_batch()  # prompt 1, flat: with D = 0 the rollout is the plain one and nothing more is drawn
     batch = rollout(run)
     assert [row["index"] for row in batch.rows] == [1] and draws == [([1], 0)] and batch.metrics == {}
 
@@ -98,7 +98,7 @@ def test_off_by_default_and_every_rank_draws_while_any_rank_needs_to(scripted):
     rows, counts = batch.rows, batch.metrics
     assert draws == [([0], 0), ([1], 1), ([2], 2)]  # drawn in step with the other rank (the samplers stay aligned)
     assert [row["index"] for row in rows] == [0] and counts == {"rollout/extra_draws": 2, "rollout/replaced_groups": 0}
-    assert run.sampler.position == 3
+    assert run.prompt_sampler.position == 3
 
 
 @pytest.mark.parametrize("rule", ["sum_then_normalize", "normalize_then_sum"])

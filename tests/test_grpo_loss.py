@@ -16,7 +16,7 @@ import grpo_loss
 import variants
 from config import Config
 from grpo_loss import group_advantages, grpo_loss as loss_fn, merge_metrics, summarize_metrics, token_logprobs
-from variants import AGGREGATIONS, RATIO_LEVELS, SURROGATE_WEIGHTS, Variants, decoupled_advantages, trained_sequences
+from variants import AGGREGATIONS, RATIO_LEVELS, SURROGATE_WEIGHTS, Variants, decoupled_advantages, kept_sequences
 
 LN2 = math.log(2.0)
 
@@ -436,25 +436,25 @@ def test_group_advantages_without_std_dr_grpo():
                  torch.tensor([-4 / 3, -1 / 3, 5 / 3]))
 
 
-def test_zero_variance_groups_and_trained_sequences():
+def test_zero_variance_groups_and_kept_sequences():
     rewards = torch.tensor([1.0, 1.0, 0.0, 2.0, 3.0, 3.0])  # B = 3, G = 2: groups 0 and 2 have equal rewards
     truncated = torch.tensor([False, True, True, False, False, False])
     flat = grpo_loss.zero_variance_groups(rewards, 2)
     assert torch.equal(flat, torch.tensor([True, False, True]))
-    everything = trained_sequences(flat, 2, truncated)
+    everything = kept_sequences(flat, 2, truncated)
     assert torch.equal(everything, torch.ones(6, dtype=torch.bool))
     # DAPO overlong filtering: the truncated completions 1 and 2 leave the loss
-    assert torch.equal(trained_sequences(flat, 2, truncated, mask_truncated=True),
+    assert torch.equal(kept_sequences(flat, 2, truncated, mask_truncated=True),
                        torch.tensor([True, False, False, True, True, True]))
     # zero-variance groups 0 and 2 leave the loss, all of their members
-    assert torch.equal(trained_sequences(flat, 2, truncated, skip_zero_variance_groups=True),
+    assert torch.equal(kept_sequences(flat, 2, truncated, skip_zero_variance_groups=True),
                        torch.tensor([False, False, True, True, False, False]))
     # both: only sequence 3 is left
-    assert torch.equal(trained_sequences(flat, 2, truncated, mask_truncated=True,
+    assert torch.equal(kept_sequences(flat, 2, truncated, mask_truncated=True,
                                                    skip_zero_variance_groups=True),
                        torch.tensor([False, False, False, True, False, False]))
     with pytest.raises(ValueError, match="zero_variance must be"):
-        trained_sequences(flat, 2, truncated[:4])
+        kept_sequences(flat, 2, truncated[:4])
     # per reward: scores (N, R) give (B, R), as signal/<name> counts the groups in which each reward varies
     scores = torch.stack([rewards, torch.tensor([0.0, 1.0, 2.0, 2.0, 5.0, 4.0])], dim=1)  # (6, 2)
     assert grpo_loss.zero_variance_groups(scores, 2).tolist() == [[True, False], [False, True], [True, False]]
@@ -472,12 +472,12 @@ def test_skipped_groups_under_normalize_then_sum_are_those_without_advantages():
     three = {"accuracy": 1.0, "format": 1.0, "influence": 1.0}
     flat = Variants.create(Config(advantage_rule="normalize_then_sum", num_generations=4,
                                   rewards=three)).zero_variance(per_reward)
-    kept = trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
+    kept = kept_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
     assert torch.equal(kept, torch.tensor([True] * 4 + [False] * 4))
     # under CANOE's sum_then_normalize both groups have advantages 0 and both leave
     assert torch.equal(grpo_loss.group_advantages(per_reward @ weights, 4), torch.zeros(8))
     flat = Variants.create(Config(num_generations=4, rewards=three)).zero_variance(per_reward)
-    kept = trained_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
+    kept = kept_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
     assert not kept.any()
 
 
@@ -568,7 +568,7 @@ def test_truncated_importance_sampling():
     sampler = torch.log(torch.tensor([[0.4, 0.5, 0.2]]))
     A, mask = torch.tensor([1.0]), torch.ones(1, 3)
     capped = {"surrogate_weight": SURROGATE_WEIGHTS["truncated_importance"], "importance_cap": 2.0}
-    loss, metrics = loss_fn(logp, logp.detach(), logp.detach(), A, mask, beta=0.1, sampler_logprobs=sampler, **capped)
+    loss, metrics = loss_fn(logp, logp.detach(), logp.detach(), A, mask, beta=0.1, vllm_logprobs=sampler, **capped)
     # w = min(ratio, 2) = (1.25, 1, 2); token loss -w · ρA = -w; mean over 3 tokens = -(1.25 + 1 + 2) / 3
     assert_close(loss, torch.tensor(-(1.25 + 1 + 2) / 3))
     # gradient of -w ρ A / 3 is -w / 3 (w is a constant); the KL term adds 0 at logp = ref
@@ -576,15 +576,15 @@ def test_truncated_importance_sampling():
     summary = summarize_metrics(metrics)
     assert_close(summary["loss/importance_mean"], (1.25 + 1 + 2) / 3)
     assert_close(summary["loss/importance_capped_frac"], 1 / 3)  # the third token, 3 > 2
-    # off (C = 0): every weight is 1 and nothing is capped, even with sampler_logprobs given
-    loss, metrics = loss_fn(logp, logp.detach(), logp.detach(), A, mask, beta=0.1, sampler_logprobs=sampler)
+    # off (C = 0): every weight is 1 and nothing is capped, even with vllm_logprobs given
+    loss, metrics = loss_fn(logp, logp.detach(), logp.detach(), A, mask, beta=0.1, vllm_logprobs=sampler)
     assert_close(loss, torch.tensor(-1.0))
     assert summarize_metrics(metrics)["loss/importance_mean"] == 1.0
     assert summarize_metrics(metrics)["loss/importance_capped_frac"] == 0.0
     # the KL term is not weighted: ref ≠ logp at the first token only, ref = log 0.25, logp = log 0.5:
     #   D = exp(ref - logp) - (ref - logp) - 1 = 0.5 + ln 2 - 1; its loss share β D / 3 is the same with or without w
     ref = torch.log(torch.tensor([[0.25, 0.5, 0.6]]))
-    with_kl, _ = loss_fn(logp, logp.detach(), ref, A, mask, beta=0.1, sampler_logprobs=sampler, **capped)
+    with_kl, _ = loss_fn(logp, logp.detach(), ref, A, mask, beta=0.1, vllm_logprobs=sampler, **capped)
     assert_close(with_kl, torch.tensor(-(1.25 + 1 + 2) / 3 + 0.1 * (0.5 + LN2 - 1) / 3))
     with pytest.raises(ValueError, match="importance_cap"):
         loss_fn(logp, logp.detach(), None, A, mask, beta=0.0, **capped)  # no sampler log-probabilities

@@ -99,7 +99,7 @@ def test_the_step_trains_only_the_adapters_pushes_the_merge_and_scores_the_refer
         assert torch.equal(param, base_before[name]), f"{name} changed"
     moved = [n for n, p in model.named_parameters() if "lora_" in n and not torch.equal(p, adapters_before[n])]
     assert len(moved) == len(adapters_before)  # every A and B moved
-    batch = step.batches[0]
+    batch = step.micro_batches[0]
     with torch.no_grad():
         expected = packing.completion_logprobs(plain, batch.packed)  # (M, C)
     torch.testing.assert_close(batch.ref, expected, rtol=0, atol=1e-5)

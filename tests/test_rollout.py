@@ -159,14 +159,14 @@ def test_generate_stage2_regenerates_only_usable_long_answers():
     completions = [Completion(t, (1,), (-0.5,), "stop") for t in texts]
     engine = RecordingEngine()
     render = lambda problem: [ord(ch) for ch in problem]  # noqa: E731 - one "token" per character
-    result = rollout.generate_stage2(engine, problems, completions, num_generations=2, render=render,
+    result = rollout.generate_stage2(engine, problems, completions, group_size=2, render=render,
                                      max_prompt_tokens=10_000, temperature=0.9, top_p=1.0, max_tokens=8, seed=1,
                                      step=0, rank=0)
     assert result.problems == ["<context>la one</context>\n\nQ1?", None, None, None]
     assert [c is not None for c in result.completions] == [True, False, False, False]
     assert engine.prompts == [render("<context>la one</context>\n\nQ1?")]
     # a prompt over the limit is not sampled and is counted
-    result = rollout.generate_stage2(engine, problems, completions[:2], num_generations=1, render=render,
+    result = rollout.generate_stage2(engine, problems, completions[:2], group_size=1, render=render,
                                      max_prompt_tokens=5, temperature=0.9, top_p=1.0, max_tokens=8, seed=1, step=0,
                                      rank=0)
     assert result.too_long == 1 and result.completions == [None, None]

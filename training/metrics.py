@@ -98,7 +98,7 @@ class Step:
     advantages: torch.Tensor  # (N,)
     kept: torch.Tensor  # (N,) bool, the sequences that entered the loss
     losses: list[tuple[torch.Tensor, dict]]  # (loss, grpo_loss metrics) per micro-batch and pass
-    batches: list  # the micro-batches (their masks, π_old and vLLM's log-probabilities)
+    micro_batches: list  # canoe.Batch each (their masks, π_old and vLLM's log-probabilities)
     pushed: dict[str, float]  # the push's sync/ and time/ metrics (training/push.py)
 
 
@@ -131,7 +131,7 @@ def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
     totals = (merge_metrics(metrics for _, metrics in step.losses) if step.losses
               else {key: torch.tensor(0.0) for key in METRIC_REDUCTIONS})
     totals = reduce_loss_totals(totals)  # sums add over ranks, extremes take min/max
-    completions, first_pass = step.rollout.completions, step.losses[: len(step.batches)]
+    completions, first_pass = step.rollout.completions, step.losses[: len(step.micro_batches)]
     lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
     G = len(completions) // len(step.rollout.rows)
     metrics = {
@@ -156,7 +156,7 @@ def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
         "perf/tokens_per_s": float(lengths.sum()) / seconds,
     }
     if first_pass:  # measured where the trainer scored the sampled tokens
-        metrics["sync/vllm_trainer_gap"] = sum(map(vllm_gap, step.batches)) / len(step.batches)
+        metrics["sync/vllm_trainer_gap"] = sum(map(vllm_gap, step.micro_batches)) / len(step.micro_batches)
     if torch.cuda.is_available():  # against the memory plan's "peak while training", printed at start-up
         metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     metrics = reduce_over_ranks(metrics, keep=GLOBAL_KEYS, sums=COUNT_KEYS, maxima=MAX_KEYS)
@@ -167,7 +167,7 @@ def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
 def vllm_gap(batch) -> float:
     """Mean |vLLM sampling logprob − trainer logprob (π_old)| over the completion tokens of a micro-batch."""
     mask = batch.packed.completion_mask  # (M, C), every completion token, kept or not
-    return float(((batch.sampler_logprobs - batch.old.float()).abs() * mask).sum() / mask.sum().clamp(min=1))
+    return float(((batch.vllm_logprobs - batch.old.float()).abs() * mask).sum() / mask.sum().clamp(min=1))
 
 
 class RunLog:
