@@ -148,6 +148,7 @@ def activations(name, arch, layers, shape, checkpointing, mask, backend="default
     result = {"part": "activations", "model": name, "layers": layers, "L": packed.num_tokens,
               "checkpointing": checkpointing, "mask": mask, "backend": backend, "mask_strides_at_sdpa": seen.get("strides"),
               "measured_MiB": round(peak / MIB), "planned_MiB": round(sum(planned.values()) / MIB),
+              "allocated_before_MiB": round(before / MIB),
               "planned_parts_MiB": {k.split(": ")[1]: round(v / MIB) for k, v in planned.items()}}
     del model, packed, logprobs
     torch.cuda.empty_cache()
@@ -157,11 +158,12 @@ def activations(name, arch, layers, shape, checkpointing, mask, backend="default
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="")
+    parser.add_argument("--only", default="", help="run only the cases whose label contains this text")
     args = parser.parse_args()
     import transformers
     lines = [{"torch": torch.__version__, "transformers": transformers.__version__,
               "gpu": torch.cuda.get_device_name()}]
-    for backend in ("default", "efficient"):
+    for backend in ("default", "efficient") if not args.only else ():
         for L, padded in ((1001, False), (1001, True), (1008, False)):
             lines.append(sdpa_alone(L, padded, backend) | {"padded": padded})
             print(json.dumps(lines[-1]), flush=True)
@@ -173,7 +175,10 @@ def main() -> None:
               for checkpointing in (True, False) for layers in (2, 4)]
     cases += [("Qwen2.5-7B-Instruct", qwen7, 4, recipe, checkpointing, "packing", "default") for checkpointing in (True, False)]
     cases += [("Llama-3.1-8B-Instruct", llama, 4, recipe, False, mask, "efficient") for mask in ("plain", "packing")]
+    cases += [("Llama-3.1-8B-Instruct, the recipe", llama, 32, recipe, True, "packing", "default")]  # every layer
     for name, arch, layers, shape, checkpointing, mask, backend in cases:
+        if args.only not in f"{name} {layers} {checkpointing} {mask} {backend}":
+            continue
         try:
             lines.append(activations(name, arch, layers, shape, checkpointing, mask, backend))
         except torch.OutOfMemoryError as error:
