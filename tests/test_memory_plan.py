@@ -170,6 +170,7 @@ MEASURED_ON_H200 = [
     ("Llama-3.1-8B-Instruct", 4, (2, 1021, 7, 1024), False, 20848),
     ("Qwen2.5-7B-Instruct", 4, (2, 1021, 7, 1024), True, 10697),
     ("Qwen2.5-7B-Instruct", 4, (2, 1021, 7, 1024), False, 24001),
+    ("Llama-3.1-8B-Instruct", 32, (2, 1021, 7, 1024), True, 12921),  # recipes/llama3.1-8b.toml's micro-batch
 ]
 QWEN_05B = memory_plan.Architecture(hidden=896, layers=24, intermediate=4864, vocab=151936, heads=14, kv_heads=2,
                                     head_dim=64, qkv_bias=True, tied_embeddings=True)
