@@ -17,7 +17,8 @@ What lives here (docs/DESIGN.md, "Data"), in reading order:
    `<context>` tags, the instruction after two newlines, and the answer in three sections, each on its own line as
    `- Name: <tag>what goes there</tag>`, with no period after `</answer>` (D9, where the system prompt can also be
    set in the config). `prepare_prompts` renders every prompt with the tokenizer's chat template and never
-   truncates (that would cut the `</context>` tag): a prompt longer than `max_prompt_tokens` is either dropped and reported (`on_overflow="drop"`, with a warning) or an error (`on_overflow="error"`).
+   truncates (that would cut the `</context>` tag): a prompt longer than `max_prompt_tokens` is either dropped and
+   reported (`on_overflow="drop"`, with a warning) or an error (`on_overflow="error"`).
 3. **Batching.** `PromptSampler` gives each rank its own disjoint slice of every global batch, reshuffles
    every epoch from (seed, epoch), and saves/restores its position so a resumed run sees exactly the data it
    had not seen yet.

@@ -180,7 +180,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
 
     `logprobs` `(N, T)`: log π_θ of the sampled tokens, the only input that carries gradient. `old_logprobs`,
     `ref_logprobs` `(N, T)`: log π_old (the sampling policy) and log π_ref of the same tokens, constants; π_ref
-    may be None only when `beta == 0`. Differs from CANOE (docs/differences.md, D12): the loss takes π_old as an argument.
+    may be None only when `beta == 0`. Differs from CANOE (docs/differences.md, D12): the loss takes π_old as an
+    argument.
     `advantages` `(N,)`: one per sequence, constant (`group_advantages`). `mask` `(N, T)`: non-zero exactly at the
     trained positions (completion tokens including the EOS that ended one); values outside it (even inf or NaN)
     never reach the loss, its gradient or the metrics. Differs from CANOE (docs/differences.md, D13): the mask is

@@ -151,7 +151,7 @@ SURROGATE_WEIGHTS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
 
 
 def kept_sequences(zero_variance: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,
-                      skip_zero_variance_groups: bool = False) -> Tensor:
+                   skip_zero_variance_groups: bool = False) -> Tensor:
     """`(N,)` bool: which sequences enter the loss. Both options come from DAPO (Yu et al. 2025, arXiv 2503.14476):
 
     - `mask_truncated`: a completion cut off by the token limit (`truncated`, `(N,)` bool) has no end, so its
@@ -164,7 +164,7 @@ def kept_sequences(zero_variance: Tensor, group_size: int, truncated: Tensor, *,
     so that the kept ones weigh as if the batch were theirs.
 
     >>> kept_sequences(torch.tensor([True, False]), 2, torch.tensor([False, False, True, False]),
-    ...                   mask_truncated=True, skip_zero_variance_groups=True)
+    ...                mask_truncated=True, skip_zero_variance_groups=True)
     tensor([False, False, False,  True])
     """
     if zero_variance.dim() != 1 or truncated.shape != (len(zero_variance) * group_size,):
@@ -265,8 +265,8 @@ class Variants:
         """`(N,)` bool: the sequences that enter the loss (all of them unless a DAPO mask is on)."""
         truncated = torch.tensor([c.finish_reason == "length" for c in completions])  # (N,)
         return kept_sequences(zero_variance_groups(advantages, self.group_size), self.group_size, truncated,
-                                 mask_truncated=self.mask_truncated,
-                                 skip_zero_variance_groups=self.skip_zero_variance_groups)
+                              mask_truncated=self.mask_truncated,
+                              skip_zero_variance_groups=self.skip_zero_variance_groups)
 
     def rollout(self, rollout: Callable) -> Callable:
         """`rollout` itself, or wrapped in dynamic sampling when `dynamic_sampling_draws` > 0."""

@@ -67,7 +67,8 @@ def sdpa_alone(L: int, padded: bool, backend: str) -> dict:
         out.sum().backward()
         torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
-    kernels = sorted({e.name[:60] for e in prof.events() if any(s in e.name.lower() for s in ("fmha", "flash", "attention", "cudnn", "pad", "copy"))})
+    wanted = ("fmha", "flash", "attention", "cudnn", "pad", "copy")
+    kernels = sorted({e.name[:60] for e in prof.events() if any(s in e.name.lower() for s in wanted)})
     return {"part": "sdpa", "backend": backend, "L": L, "row": row, "mask_strides": list(mask.stride()),
             "mask_MiB": round(L * L * 2 / MIB, 2), "peak_above_inputs_MiB": round(peak / MIB, 2), "kernels": kernels}
 
@@ -146,7 +147,8 @@ def activations(name, arch, layers, shape, checkpointing, mask, backend="default
                           max_completion_tokens=completion_tokens, gradient_checkpointing=checkpointing)
     planned = memory_plan.activation_bytes(cfg, memory_plan.Architecture(**{**arch.__dict__, "layers": layers}), 2)
     result = {"part": "activations", "model": name, "layers": layers, "L": packed.num_tokens,
-              "checkpointing": checkpointing, "mask": mask, "backend": backend, "mask_strides_at_sdpa": seen.get("strides"),
+              "checkpointing": checkpointing, "mask": mask, "backend": backend,
+              "mask_strides_at_sdpa": seen.get("strides"),
               "measured_MiB": round(peak / MIB), "planned_MiB": round(sum(planned.values()) / MIB),
               "allocated_before_MiB": round(before / MIB),
               "planned_parts_MiB": {k.split(": ")[1]: round(v / MIB) for k, v in planned.items()}}
@@ -173,7 +175,8 @@ def main() -> None:
              for layers in (12, 24)]
     cases += [("Llama-3.1-8B-Instruct", llama, layers, recipe, checkpointing, "packing", "default")
               for checkpointing in (True, False) for layers in (2, 4)]
-    cases += [("Qwen2.5-7B-Instruct", qwen7, 4, recipe, checkpointing, "packing", "default") for checkpointing in (True, False)]
+    cases += [("Qwen2.5-7B-Instruct", qwen7, 4, recipe, checkpointing, "packing", "default")
+              for checkpointing in (True, False)]
     cases += [("Llama-3.1-8B-Instruct", llama, 4, recipe, False, mask, "efficient") for mask in ("plain", "packing")]
     cases += [("Llama-3.1-8B-Instruct, the recipe", llama, 32, recipe, True, "packing", "default")]  # every layer
     for name, arch, layers, shape, checkpointing, mask, backend in cases:

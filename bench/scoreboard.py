@@ -8,7 +8,8 @@ held-out items (data/heldout/faithfulness.jsonl, 40), scored as `--eval` scores 
 and, from `--benchmarks DIR` (the user's own copies; left out when not given), ConFiQA-QA/MR/MC.dev25.json under the
 `confiqa` suite (em, ps, mr in percent, pooled as confiqa75), items 0-299 of followrag-nq.json under `followrag`
 (em) and items 0-499 of cnq-nqswap.dev500.json (NQ-Swap in CANOE's CNQ format) under `cnq` (em; contains,
-sentence and org, `per_item_hits`), scored by the official rules (suites.py). Every item is answered: no prompt is dropped for its length.
+sentence and org, `per_item_hits`), scored by the official rules (suites.py). Every item is answered: no prompt is
+dropped for its length.
 
 The two sides:
 - the policy, under `--config`'s prompt (the one it was trained with). A LoRA checkpoint (a `policy/` folder with

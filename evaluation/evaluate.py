@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
+import contextlib
 import json
 import tempfile
 import warnings
@@ -115,8 +116,10 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
 
     runtime.single_process_defaults()
     dtype = runtime.resolve_dtype(cfg.dtype)
-    with tempfile.TemporaryDirectory(dir=Path(model).parent) as work:
-        if source := lora_checkpoint(model):
+    source = lora_checkpoint(model)
+    # Only a LoRA checkpoint needs a folder, beside it, for its merge; a plain model folder is loaded as it is.
+    with tempfile.TemporaryDirectory(dir=Path(model).parent) if source else contextlib.nullcontext() as work:
+        if source:
             model = str(Path(work) / "merged")
             print(f"merging {source[1]} into {source[0]} in float32 for the evaluation")
             merge_in_float32(*source, Path(model))

@@ -137,7 +137,8 @@ class MergedPush:
     head. All the projections of such a module go, adapted or not, because vLLM fuses q, k and v (and gate and up)
     into one parameter and rebuilds a fused parameter from what a reload sends: a layer loaded in part is
     materialised empty and the parts not sent are lost. The reload rebuilds the packed CPU kernel of each layer it
-    loaded, so such a push needs no `repack_cpu_linear` (docs/library-notes.md, "The in-place reload"). After a level-2 sleep the engine has lost every weight and the whole model is pushed.
+    loaded, so such a push needs no `repack_cpu_linear` (docs/library-notes.md, "The in-place reload"). After a
+    level-2 sleep the engine has lost every weight and the whole model is pushed.
 
     **Rounding.** Outside float32 the merged weight is held in bfloat16 (8 bits of mantissa): Δ = s·B·A is added
     to W and rounded, as PEFT's merge does, so an entry of Δ below half a step of its W is lost (W + Δ == W). Early
@@ -318,7 +319,7 @@ class AdapterPush:
         self.folder = Path(folder)
         self.count = 0
         self.request = None  # the LoRARequest of the adapter the engine holds
-        self.seconds = 0.0  # the last push's write and load of the adapter (training/push.py logs it as time/adapter_push)
+        self.seconds = 0.0  # the last push's write and load of the adapter (logged as time/adapter_push)
         self._base_sums: dict[torch.dtype, weight_sync.WeightSums] = {}
 
     def base_sums(self, model: PeftModel, zero_stage: int, dtype: torch.dtype) -> weight_sync.WeightSums:

@@ -244,10 +244,11 @@ def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tole
     assert vllm_logprobs.shape == trainer_logprobs.shape, (vllm_logprobs.shape, trainer_logprobs.shape)
     diff = (vllm_logprobs.float() - trainer_logprobs.float().cpu()).abs()  # (T,)
     aside = int(PROBE_SET_ASIDE * len(diff))
-    ordered = diff.nan_to_num(nan=float("inf")).sort(descending=True).values  # (T,), NaN as the worst
+    ranked = diff.nan_to_num(nan=float("inf"))  # (T,), NaN as the worst
+    ordered = ranked.sort(descending=True).values  # (T,)
     trimmed, worst = float(ordered[aside]), float(ordered[0])
     if not trimmed <= tolerance or not diff.isfinite().all():
-        position = int(diff.nan_to_num(nan=float("inf")).argmax())
+        position = int(ranked.argmax())
         over = int((ordered > tolerance).sum())
         raise WeightSyncError(
             f"weight push failed verification: vLLM and the trainer disagree on the probe completion beyond "

@@ -404,8 +404,8 @@ def test_the_readmes_advantage_rule_trains(fork_run):
 def test_the_readmes_aggregation_trains(fork_run):
     """The fork's variants.py has the README's seq-mean-token-sum appended and its config names it: the logged loss
     is that aggregation's hand value. At the first step π_θ = π_old (ρ = 1) and w = 1, so token t of completion i
-    has the loss -(A_i - β D_{i,t}), and L = (1/N) Σ_i Σ_t -(A_i - β D_{i,t}) = (-Σ_i A_i |o_i| + β Σ D) / N, where
-    |o_i| is the completion's trained tokens (its sampled tokens, EOS included) and Σ D = loss/kl × Σ_i |o_i|.
+    has the loss -(A_i - β D_{i,t}), and L = (1/N) Σ_i Σ_t -(A_i - β D_{i,t}) = (-Σ_i A_i |o_i| + β Σ D) / N,
+    where |o_i| is the completion's trained tokens (its sampled tokens, EOS included) and Σ D = loss/kl × Σ_i |o_i|.
     CANOE's seq-mean-token-mean would give -(1/N) Σ_i A_i + β (...) instead, and RLOO's advantages sum to 0 in
     every group, so the first term tells the two apart."""
     from transformers import AutoTokenizer
