@@ -8,23 +8,11 @@
     python canoe.py --describe-config                    # every config key with its meaning and default
     python canoe.py --config config.toml --plan-memory   # the memory plan per GPU (training/cli.py)
 
-One training step (CANOE, arXiv 2505.16483; docs/DESIGN.md, "The step, in one picture"):
-
-    batch of B prompts (this rank) ─ stage 1: G samples each (vLLM)
-      ─ stage 2: each long answer in place of the context, 1 sample each
-      ─ rewards: accuracy, format (stage 1), influence (stage 2), length; weighted sum
-      ─ group-relative advantages (grpo_loss.py's docstring holds the equations)
-      ─ micro-batches of `prompts_per_device` prompts: clipped surrogate − β·KL on stage-1 tokens only, backward
-      ─ DeepSpeed step (ZeRO-2/3) ─ push weights into vLLM and verify ─ log ─ checkpoint
-
-The deliberate differences from the original CANOE code (a modified TRL GRPOTrainer) are listed, with their
-reasons, in docs/differences.md; each place where this file differs names its entry there. Stage-2 completions are
-scored only, never trained on (docs/DESIGN.md, "Rollout").
-
-The command line is training/cli.py; the rewards are called and summed up in training/scoring.py; timing, metrics
-and logging live in training/metrics.py, the set-up checks in training/preflight.py, the DeepSpeed config and the
-learning-rate schedule in training/optimizer.py, the weight push and its proof in training/push.py (on
-plumbing/weight_sync.py, and plumbing/lora.py for a LoRA policy); this file holds what a step does.
+`train_step` is CANOE's step (arXiv 2505.16483) in six numbered steps; every quantity of its equations is computed
+in this file, rollout.py, rewards.py, grpo_loss.py or variants.py, at most two calls below it (README, "Reading
+order"). The machinery (timing, metrics, the weight push and its proof, checkpoints, the command line) lives in
+training/ and plumbing/, each reached by one call. Each deliberate difference from the original CANOE code names
+its entry of docs/differences.md where it happens.
 """
 
 from __future__ import annotations
@@ -50,7 +38,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import data
 import rollout
 from config import Config, ConfigError
-from grpo_loss import grpo_loss
+from grpo_loss import completion_logprobs, grpo_loss
+from rewards import score
 from variants import Variants
 
 from grading.grader import MathGrader
@@ -60,7 +49,7 @@ from training import cli, packing, preflight
 from training.metrics import RunLog, Step, step_metrics, timed, timing, truncate_log, write_run_info
 from training.optimizer import deepspeed_config, lr_lambda
 from training.push import WeightPush
-from training.scoring import reward_counts, reward_metrics, score
+from training.scoring import reward_counts, reward_metrics
 
 
 # ==============================================================================================================
@@ -106,46 +95,10 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         write_run_info(cfg, out, world_size, dtype)
-
-    # Data: every rank loads and renders the same prompts; the sampler gives each rank its own slice.
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    with warnings.catch_warnings(record=True):  # the report below lists the dropped prompts
-        warnings.simplefilter("always", data.PromptOverflowWarning)
-        loaded = data.load_dataset(cfg.train_file)
-        preflight.check_reward_fields(loaded, cfg.train_file)
-        rows, report = data.prepare_prompts(tokenizer, loaded, cfg.max_prompt_tokens, cfg.on_long_prompt,
-                                            **cfg.prompt_style())
-    print0(f"data: {cfg.train_file}: {report.summary()}")
-    try:
-        sampler = data.PromptSampler(len(rows), cfg.prompts_per_step, cfg.seed, rank, world_size)
-    except ValueError as error:  # e.g. fewer prompts than one global batch
-        raise ConfigError(f"prompts_per_device × gradient_accumulation_steps × ranks = {cfg.prompts_per_step} × "
-                          f"{world_size}: {error}") from None
+    rows, sampler = load_prompts(cfg, tokenizer, rank, world_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.num_epochs * sampler.steps_per_epoch))
-
-    # Policy under DeepSpeed (with LoRA: adapters on the frozen base, lora.py), reference model frozen beside it
-    # (with LoRA: none, the policy with its adapters disabled is π_ref).
-    policy = load_policy(cfg.model, dtype)
-    if cfg.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
-    policy.config.use_cache = False
-    if cfg.lora_rank:
-        policy = lora.wrap(policy, **cfg.lora_settings())
-    preflight.check_fits(cfg, sum(p.numel() for p in policy.parameters()), dtype, lora.trainable_parameters(policy))
-    engine, _, _, _ = deepspeed.initialize(
-        model=policy, model_parameters=[p for p in policy.parameters() if p.requires_grad],
-        config=deepspeed_config(cfg, world_size, dtype, train=True),
-        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_steps * cfg.num_iterations)),
-    )
-    reference = None
-    if cfg.beta > 0 and not cfg.lora_rank:
-        reference = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).eval().requires_grad_(False)
-        if cfg.zero_stage == 3:
-            reference, *_ = deepspeed.initialize(model=reference,
-                                                 config=deepspeed_config(cfg, world_size, dtype, train=False))
-            reference.eval()
-        else:
-            reference = reference.to(device)
+    engine, reference = load_models(cfg, dtype, device, world_size, total_steps)
 
     # vLLM, colocated in this process. Stage-2 prompts carry a long answer in place of the context, so the
     # engine's context must hold a prompt plus two completions.
@@ -171,15 +124,50 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     return run
 
 
-def load_policy(model: str, dtype: torch.dtype):
-    """The policy's weights, loaded straight in the training dtype (every rank loads its own copy).
+def load_prompts(cfg: Config, tokenizer, rank: int, world_size: int) -> tuple[list[dict], data.PromptSampler]:
+    """The training prompts, rendered alike on every rank, and this rank's sampler over them."""
+    with warnings.catch_warnings(record=True):  # the report below lists the dropped prompts
+        warnings.simplefilter("always", data.PromptOverflowWarning)
+        loaded = data.load_dataset(cfg.train_file)
+        preflight.check_reward_fields(loaded, cfg.train_file)
+        rows, report = data.prepare_prompts(tokenizer, loaded, cfg.max_prompt_tokens, cfg.on_long_prompt,
+                                            **cfg.prompt_style())
+    print0(f"data: {cfg.train_file}: {report.summary()}")
+    try:
+        return rows, data.PromptSampler(len(rows), cfg.prompts_per_step, cfg.seed, rank, world_size)
+    except ValueError as error:  # e.g. fewer prompts than one global batch
+        raise ConfigError(f"prompts_per_device × gradient_accumulation_steps × ranks = {cfg.prompts_per_step} × "
+                          f"{world_size}: {error}") from None
 
-    DeepSpeed casts the parameters, and only them, to bfloat16 anyway (docs/library-notes.md, "bfloat16 mode and
-    LoRA"); its float32 master weights are made from those bfloat16 parameters. Loading in bfloat16 gives
-    the same parameters and the same float32 buffers (transformers computes the rotary tables in float32 whatever
-    the dtype; tests/test_config.py checks it), and a rank does not hold 4 bytes per parameter on the host before
-    the cast: 59 GB for Qwen2.5-14B, 8 ranks at once on an 8-GPU node. On the CPU the dtype is float32.
-    """
+
+def load_models(cfg: Config, dtype: torch.dtype, device, world_size: int, total_steps: int):
+    """The policy under DeepSpeed (with LoRA: adapters on the frozen base, plumbing/lora.py), and the frozen
+    reference model beside it: None when β = 0 or with LoRA (the policy with its adapters disabled is π_ref)."""
+    policy = load_policy(cfg.model, dtype)
+    if cfg.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    policy.config.use_cache = False
+    if cfg.lora_rank:
+        policy = lora.wrap(policy, **cfg.lora_settings())
+    preflight.check_fits(cfg, sum(p.numel() for p in policy.parameters()), dtype, lora.trainable_parameters(policy))
+    schedule = lr_lambda(cfg, total_steps * cfg.num_iterations)
+    engine, _, _, _ = deepspeed.initialize(
+        model=policy, model_parameters=[p for p in policy.parameters() if p.requires_grad],
+        config=deepspeed_config(cfg, world_size, dtype, train=True),
+        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
+    )
+    if cfg.beta == 0 or cfg.lora_rank:
+        return engine, None
+    reference = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).eval().requires_grad_(False)
+    if cfg.zero_stage != 3:
+        return engine, reference.to(device)
+    reference, *_ = deepspeed.initialize(model=reference, config=deepspeed_config(cfg, world_size, dtype, train=False))
+    return engine, reference.eval()
+
+
+def load_policy(model: str, dtype: torch.dtype):
+    """The policy's weights, loaded straight in the training dtype: DeepSpeed would cast the parameters anyway, and
+    a rank then never holds 4 bytes per parameter on the host (docs/library-notes.md, "bfloat16 mode and LoRA")."""
     return AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
 
 
@@ -209,20 +197,23 @@ def train_step(run: Run) -> Step:
     # 1. Rollout (vLLM). Stage 1: G samples per prompt. Stage 2: each sample's long answer in place of its
     #    prompt's context, one new sample from that (None where there is no long answer to put in).
     # 2. Rewards: every configured reward function scores every completion; the total is their weighted sum.
-    sampled = sample_and_score(run)  # B rows, N completions, N stage-2 entries, (N, R) scores
+    sampled = run.rollout(run)  # `rollout_batch` (or dynamic sampling around it): B rows, N completions, (N, R) scores
+    weight_sync.sleep_engine(run.llm, run.push.sleep)  # vLLM's memory goes to the trainer until step 6 (CUDA only)
     rewards = sampled.scores @ run.variants.reward_weights  # (N,)
 
-    # 3. Group-relative advantages (grpo_loss.py), and the sequences that enter the loss: all of them, unless a
-    #    variant masks some (variants.py).
-    advantages = run.variants.advantages(sampled.scores)  # (N,)
+    # 3. Group-relative advantages (variants.canoe_advantages → grpo_loss.group_advantages by default), and the
+    #    sequences that enter the loss: all of them, unless a DAPO mask drops some (variants.kept_sequences).
+    advantages = run.variants.advantages(rewards, sampled.scores)  # (N,)
     kept = run.variants.kept(advantages, sampled.completions)  # (N,) bool
 
-    # 4. Micro-batches, each packed into one row, and what does not change while training on this rollout:
-    #    π_ref (for the KL) and π_old (the policy that sampled, for the ratio) of every sampled token.
+    # 4. Micro-batches, each packed into one row, the loss's denominators over every rank, and what does not
+    #    change while training on this rollout: π_ref (for the KL) and π_old (the policy that sampled, for ρ).
     micro = micro_batches(run, sampled, advantages, kept)
-    totals = loss_constants(run, micro, kept)  # the loss's denominators; None: no rank kept a sequence
+    totals = loss_denominators(kept, micro)  # None: no rank kept a sequence (only under a DAPO mask)
+    reference_logprobs(run, micro, totals)
+    old_logprobs(run, micro, totals)
 
-    # 5. Loss and backward per micro-batch; DeepSpeed applies the update at the last one.
+    # 5. π_θ, the loss and its backward per micro-batch; DeepSpeed applies the update at the last one.
     losses = update(run, micro, totals)
 
     # 6. Push the new weights into vLLM and prove that they arrived (training/push.py).
@@ -232,63 +223,33 @@ def train_step(run: Run) -> Step:
     return Step(sampled, rewards, advantages, kept, losses, micro, pushed)
 
 
-def sample_and_score(run: Run) -> rollout.Rollout:
-    """Steps 1 and 2: the rollout (`run.rollout`) with its rewards' logged means; then vLLM's memory goes to the
-    trainer until step 6 (CUDA sleep mode; nothing happens on the CPU)."""
-    counts_before = reward_counts(run)
-    batch = run.rollout(run)
-    weight_sync.sleep_engine(run.llm, run.push.sleep)
-    means = reward_metrics(run, batch.rows, batch.completions, batch.scores, counts_before)
-    return dataclasses.replace(batch, metrics=batch.metrics | means)
-
-
 def rollout_batch(run: Run, draw: int = 0) -> rollout.Rollout:
-    """This rank's next B prompts, sampled in both stages and scored (`draw` > 0: dynamic sampling's extra draws)."""
+    """Steps 1 and 2 on this rank's next B prompts: both stages sampled, every reward scored (`draw` > 0: dynamic
+    sampling's extra draws). Differs from CANOE (docs/differences.md, D8): sampling is seeded per step, stage, rank
+    and draw."""
+    cfg, G = run.cfg, run.cfg.num_generations
     rows = [run.rows[i] for i in run.prompt_sampler.next_batch()]  # B prompts
-    completions = sample_stage1(run, rows, draw)  # N completions, prompt-major
-    stage2 = sample_stage2(run, rows, completions, draw)  # N entries
-    return rollout.Rollout(rows, completions, stage2, score(run, rows, completions, stage2))  # scores (N, R)
+    sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_tokens, seed=cfg.seed,
+                    step=run.step if draw == 0 else f"{run.step}+{draw}", rank=run.rank,
+                    lora_request=run.push.lora_request, prefix=cfg.response_prefix)
+    with timing(run, "stage1"):
+        completions = rollout.generate_stage1(run.llm, [r["prompt_ids"] for r in rows], num_generations=G,
+                                              **sampling)  # N completions, prompt-major
+    with timing(run, "stage2"):  # N entries; none without `dual`
+        stage2 = rollout.generate_stage2(run.llm, [r["problem"] for r in rows], completions, group_size=G,
+                                         render=lambda problem: stage2_prompt_ids(run, problem),
+                                         max_prompt_tokens=cfg.max_prompt_tokens + cfg.max_completion_tokens,
+                                         **sampling) if cfg.dual else rollout.Stage2.none(len(completions))
+    with timing(run, "rewards"):
+        scores = score(cfg.rewards, rows, completions, stage2.completions, G, grader=run.grader,
+                       log_dir=str(run.out))  # (N, R)
+    return rollout.Rollout(rows, completions, stage2, scores)
 
 
-def sampling(run: Run, draw: int) -> dict[str, Any]:
-    """The sampling settings of a step's `draw`-th rollout (0: the step's own; more only with dynamic sampling).
-
-    Differs from CANOE (docs/differences.md, D8): sampling is seeded per step, stage and rank (and draw).
-    """
-    cfg = run.cfg
-    step = run.step if draw == 0 else f"{run.step}+{draw}"
-    return dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_tokens, seed=cfg.seed,
-                step=step, rank=run.rank, lora_request=run.push.lora_request)
-
-
-def with_prefix(cfg: Config, completion: rollout.Completion | None) -> rollout.Completion | None:
-    """The response prefix sits in the prompt, but the rewards judge the whole answer: put it back in the text."""
-    if completion is None or not cfg.response_prefix:
-        return completion
-    return dataclasses.replace(completion, text=cfg.response_prefix + completion.text)
-
-
-@timed("stage1")
-def sample_stage1(run: Run, rows: list[dict], draw: int) -> list[rollout.Completion]:
-    completions = rollout.generate_stage1(run.llm, [r["prompt_ids"] for r in rows],
-                                          num_generations=run.cfg.num_generations, **sampling(run, draw))
-    return [with_prefix(run.cfg, c) for c in completions]
-
-
-@timed("stage2")
-def sample_stage2(run: Run, rows: list[dict], completions: list[rollout.Completion], draw: int) -> rollout.Stage2:
-    cfg = run.cfg
-    if not cfg.dual:
-        return rollout.Stage2([None] * len(completions), [None] * len(completions), 0)
-
-    def render(problem: str) -> list[int]:  # the stage-2 prompt: same system prompt and chat template as stage 1
-        return run.tokenizer(data.render_prompt(run.tokenizer, problem, **cfg.prompt_style()),
-                             add_special_tokens=False)["input_ids"]
-
-    stage2 = rollout.generate_stage2(run.llm, [r["problem"] for r in rows], completions,
-                                     group_size=cfg.num_generations, render=render,
-                                     max_prompt_tokens=cfg.max_prompt_tokens + cfg.max_completion_tokens, **sampling(run, draw))
-    return dataclasses.replace(stage2, completions=[with_prefix(cfg, c) for c in stage2.completions])
+def stage2_prompt_ids(run: Run, problem: str) -> list[int]:
+    """A stage-2 problem as prompt token ids, with stage 1's system prompt and chat template."""
+    return run.tokenizer(data.render_prompt(run.tokenizer, problem, **run.cfg.prompt_style()),
+                         add_special_tokens=False)["input_ids"]
 
 
 @dataclass
@@ -306,7 +267,7 @@ class Batch:
 
 
 def micro_batches(run: Run, batch: rollout.Rollout, advantages: torch.Tensor, kept: torch.Tensor) -> list[Batch]:
-    """Micro-batches of prompts_per_device prompts, each packed with every prompt once (packing.py).
+    """Micro-batches of prompts_per_device prompts, each packed with every prompt once (training/packing.py).
 
     Differs from CANOE (docs/differences.md, D11): each prompt is scored once per micro-batch, not once per
     completion.
@@ -326,83 +287,67 @@ def micro_batches(run: Run, batch: rollout.Rollout, advantages: torch.Tensor, ke
     return batches
 
 
-def loss_constants(run: Run, batches: list[Batch], kept: torch.Tensor) -> dict[str, float] | None:
-    """The loss's global denominators (`loss_denominators`), and π_ref and π_old of every micro-batch; None, and
-    no forward pass, when no rank kept a sequence (possible only under a DAPO mask)."""
-    totals = loss_denominators(kept, batches)
-    if totals:
-        reference_logprobs(run, batches)
-        old_logprobs(run, batches)
-    return totals
-
-
-@timed("ref_logprobs")
-@torch.no_grad()
-def reference_logprobs(run: Run, batches: list[Batch]) -> None:
-    """π_ref of every sampled token: the frozen reference model, or with LoRA the policy, adapters disabled."""
-    if run.cfg.beta == 0:
-        return
-    reference = run.engine if run.reference is None else run.reference
-    reference.eval()
-    with lora.adapters_disabled(reference):
-        for batch in batches:
-            batch.ref = packing.completion_logprobs(reference, batch.packed)
-
-
-@timed("old_logprobs")
-@torch.no_grad()
-def old_logprobs(run: Run, batches: list[Batch]) -> None:
-    """π_old before the first update. With μ = 1 the first pass's own (detached) values are π_old, for free.
-
-    Differs from CANOE (docs/differences.md, D12): the loss takes π_old as an argument.
-    """
-    if run.variants.num_iterations > 1:
-        run.engine.train()  # as in the training passes
-        for batch in batches:
-            batch.old = packing.completion_logprobs(run.engine, batch.packed)
-
-
 def loss_denominators(kept: torch.Tensor, batches: list[Batch]) -> dict[str, float] | None:
-    """Global denominators, so that the micro-batch losses add up to the loss of the whole batch (grpo_loss.py).
-
-    Differs from CANOE (docs/differences.md, D14): the loss does not depend on the micro-batch split.
-
-    DeepSpeed averages gradients over ranks, so each rank's share is scaled to the mean over ranks. None when no
-    rank kept any sequence.
-    """
+    """The whole batch's sequences and trained tokens, over every rank, so that the micro-batch losses add up to
+    the loss of the whole batch (grpo_loss.py); None when no rank kept any sequence. DeepSpeed averages gradients
+    over ranks, so each count is divided by the ranks. Differs from CANOE (docs/differences.md, D14): the loss does
+    not depend on the micro-batch split."""
     local = [float(kept.sum()), float(sum(b.mask.sum() for b in batches))]
     sequences, tokens = (v / dist.get_world_size() for v in all_reduce_values(local))
     return {"total_sequences": sequences, "total_tokens": max(tokens, 1.0)} if sequences else None
 
 
+@timed("ref_logprobs")
+@torch.no_grad()
+def reference_logprobs(run: Run, batches: list[Batch], totals: dict | None) -> None:
+    """π_ref of every sampled token: the frozen reference model, or with LoRA the policy, adapters disabled
+    (nothing when β = 0 or `totals` is None)."""
+    if run.cfg.beta == 0 or totals is None:
+        return
+    reference = run.engine if run.reference is None else run.reference
+    reference.eval()
+    with lora.adapters_disabled(reference):
+        for batch in batches:
+            batch.ref = completion_logprobs(reference, batch.packed)
+
+
+@timed("old_logprobs")
+@torch.no_grad()
+def old_logprobs(run: Run, batches: list[Batch], totals: dict | None) -> None:
+    """π_old before the first update, when μ > 1; with μ = 1 `update` takes its first pass's own values, detached.
+
+    Differs from CANOE (docs/differences.md, D12): the loss takes π_old as an argument.
+    """
+    if run.variants.num_iterations > 1 and totals is not None:
+        run.engine.train()  # as in the training passes
+        for batch in batches:
+            batch.old = completion_logprobs(run.engine, batch.packed)
+
+
 def update(run: Run, batches: list[Batch], totals: dict[str, float] | None) -> list[tuple[torch.Tensor, dict]]:
-    """μ passes (`num_iterations`, 1 in CANOE) over the micro-batches: loss and backward for each, DeepSpeed's
-    optimizer step after each (it applies the update at the last micro-batch of a pass, the accumulation
-    boundary); from the second pass on π_θ ≠ π_old. Returns (loss, grpo_loss metrics) per micro-batch and pass;
-    none when `totals` is None."""
+    """μ passes (`num_iterations`, 1 in CANOE) over the micro-batches: π_θ, the loss and its backward for each, then
+    DeepSpeed's optimizer step (it applies the update at the last micro-batch of a pass, the accumulation boundary);
+    from the second pass on π_θ ≠ π_old. Returns (loss, grpo_loss metrics) per micro-batch and pass; none when
+    `totals` is None."""
     losses = []
     for _ in range(run.variants.num_iterations if totals else 0):
         passed = []
         for batch in batches:
-            passed.append(forward_backward(run, batch, totals))
+            with timing(run, "forward_backward"):
+                run.engine.train()
+                logprobs = completion_logprobs(run.engine, batch.packed)  # (M, C)
+                if batch.old is None:  # μ = 1: the policy that sampled is the one being trained
+                    batch.old = logprobs.detach()
+                loss, metrics = grpo_loss(logprobs, batch.old, batch.ref, batch.advantages, batch.mask,
+                                          vllm_logprobs=batch.vllm_logprobs, **totals, **run.variants.loss)
+                # The loss is already a share of the whole step: DeepSpeed must not divide it by the accumulation.
+                run.engine.backward(loss, scale_wrt_gas=False)
+            passed.append((loss.detach(), metrics))
             with timing(run, "optimizer"):
                 run.engine.step()
         skip_or_stop_on_bad_step(run, [loss for loss, _ in passed])
         losses += passed
     return losses
-
-
-@timed("forward_backward")
-def forward_backward(run: Run, batch: Batch, totals: dict[str, float]) -> tuple[torch.Tensor, dict]:
-    run.engine.train()
-    logprobs = packing.completion_logprobs(run.engine, batch.packed)  # (M, C)
-    if batch.old is None:  # μ = 1: the policy that sampled is the one being trained
-        batch.old = logprobs.detach()
-    loss, metrics = grpo_loss(logprobs, batch.old, batch.ref, batch.advantages, batch.mask,
-                              vllm_logprobs=batch.vllm_logprobs, **totals, **run.variants.loss)
-    # Our loss is already a share of the whole step: DeepSpeed must not divide it by the accumulation steps.
-    run.engine.backward(loss, scale_wrt_gas=False)
-    return loss.detach(), metrics
 
 
 def skip_or_stop_on_bad_step(run: Run, losses: list[torch.Tensor]) -> None:
@@ -439,9 +384,9 @@ def skip_or_stop_on_bad_step(run: Run, losses: list[torch.Tensor]) -> None:
 def run_step(run: Run) -> dict[str, float]:
     """One training step, timed; returns its metrics (averaged over ranks)."""
     run.times.clear()
-    start = time.perf_counter()
-    run.last_step = train_step(run)
-    return step_metrics(run, run.last_step, seconds=time.perf_counter() - start)
+    start, counts = time.perf_counter(), reward_counts(run)
+    step = run.last_step = train_step(run)
+    return step_metrics(run, step, time.perf_counter() - start, reward_metrics(run, step.rollout, counts))
 
 
 def train(cfg: Config, resume: bool, verbose: bool = False) -> None:

@@ -67,6 +67,7 @@ from torch import Tensor
 
 __all__ = [
     "METRIC_REDUCTIONS",
+    "completion_logprobs",
     "grpo_loss",
     "group_advantages",
     "merge_metrics",
@@ -369,3 +370,18 @@ def token_logprobs(logits: Tensor, tokens: Tensor, chunk_size: int = 512) -> Ten
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     return _TokenLogprobs.apply(logits, tokens, chunk_size)
+
+
+def completion_logprobs(model, packed) -> Tensor:
+    """log π of every completion token of a packed micro-batch (training/packing.py): `(n, C)`, 0 on padding.
+
+    Only the T predicting positions go through the output head (`logits_to_keep` as indices), and `token_logprobs`
+    upcasts one chunk at a time, so no float32 `(T, V)` copy of the logits is ever made.
+    """
+    logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                   attention_mask=packed.attention_mask(model), logits_to_keep=packed.predictors,
+                   use_cache=False).logits  # (1, T, V)
+    flat = token_logprobs(logits, packed.targets[None])[0]  # (T,)
+    mask = packed.completion_mask.bool()  # (n, C)
+    out = torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device)  # (n, C)
+    return out.masked_scatter(mask, flat)  # row-major order of the mask = completion after completion

@@ -40,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Callable
 
+import torch
+
 from grading.grader import MathGrader, default_grader
 from grading.r1_grader import last_boxed, r1_grade
 from grading.tags import answer_span, tag_content
@@ -242,6 +244,22 @@ def len_reward(completions: list, problem: list, **kwargs: Any) -> list[float]:
         ok = bool(context) and long_answer is not None and 0.2 * len(context) < len(long_answer) < 0.8 * len(context)
         rewards.append(1.0 if ok else 0.0)
     return rewards
+
+
+def score(names: Sequence[str], rows: list[dict], completions: list, stage2: list, G: int, **extra) -> torch.Tensor:
+    """`(N, R)` float32: each reward of `names` (REWARD_FUNCS) for each of the N = B·G completions (rollout.py's),
+    column j for names[j]. Every reward is called with `completions` and `completions_long_answer` (stage 2's, None
+    where not regenerated) as chat messages, every dataset field as a column with one value per completion (the
+    union of the rows' fields, None where a row lacks one), and `extra` (the trainer's grader and log folder)."""
+    keys = list(dict.fromkeys(key for row in rows for key in row if key != "prompt_ids"))
+    columns = {key: [row.get(key) for row in rows for _ in range(G)] for key in keys}
+    messages = [[{"role": "assistant", "content": c.text}] for c in completions]
+    long_answer = [None if c is None else [{"role": "assistant", "content": c.text}] for c in stage2]
+    per_reward = torch.zeros(len(completions), len(names))  # (N, R)
+    for j, name in enumerate(names):
+        values = REWARD_FUNCS[name](messages, completions_long_answer=long_answer, **extra, **columns)
+        per_reward[:, j] = torch.tensor(values, dtype=torch.float32)
+    return per_reward
 
 
 # The registry the trainer reads: config names -> functions.

@@ -157,13 +157,15 @@ def make_engine(
 
 
 def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, temperature: float, top_p: float,
-            max_tokens: int, lora_request=None) -> list[Completion]:
+            max_tokens: int, lora_request=None, prefix: str = "") -> list[Completion]:
     """`n` samples per prompt, prompt-major: returns len(prompts)·n completions.
 
     The draw is a function of `seed` alone (`seeds_per_request`). On CUDA each prompt's request carries its own
     seed (`prompt_seed`). On the CPU vLLM samples in this process with this process's torch generator: seeding
     it right before the call does it (the trainer's own RNG stream is saved and restored around it).
     `lora_request` names the adapter the engine applies (plumbing/lora.py, `AdapterPush`), None for plain weights.
+    `prefix` (the config's response prefix, which ends the prompt) is put back in front of each text, since the
+    rewards judge the whole answer.
     """
     settings = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
     if seeds_per_request():
@@ -182,17 +184,18 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
             # With logprobs=0 vLLM returns, per position, a dict holding the sampled token's log-probability.
             logprobs = tuple(step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids))
             completions.append(
-                Completion(sample.text, tuple(sample.token_ids), logprobs, sample.finish_reason or "length")
+                Completion(prefix + sample.text, tuple(sample.token_ids), logprobs, sample.finish_reason or "length")
             )
     return completions
 
 
 def generate_stage1(llm, prompt_ids: Sequence[Sequence[int]], *, num_generations: int, temperature: float,
-                    top_p: float, max_tokens: int, seed: int, step: int | str, rank: int,
-                    lora_request=None) -> list[Completion]:
+                    top_p: float, max_tokens: int, seed: int, step: int | str, rank: int, lora_request=None,
+                    prefix: str = "") -> list[Completion]:
     """G samples per prompt. Returns N = B·G completions, grouped: prompt b owns indices b·G … b·G+G-1."""
     return _sample(llm, prompt_ids, num_generations, request_seed(seed, "stage1", step, rank),
-                   temperature=temperature, top_p=top_p, max_tokens=max_tokens, lora_request=lora_request)
+                   temperature=temperature, top_p=top_p, max_tokens=max_tokens, lora_request=lora_request,
+                   prefix=prefix)
 
 
 @dataclass(frozen=True)
@@ -203,10 +206,16 @@ class Stage2:
     completions: list[Completion | None]
     too_long: int  # usable long answers whose new prompt exceeded the engine's context length
 
+    @classmethod
+    def none(cls, n: int) -> Stage2:
+        """No stage 2 (the config's `dual = false`): n entries, none regenerated."""
+        return cls([None] * n, [None] * n, 0)
+
 
 def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completion], *, group_size: int,
                     render: Callable[[str], list[int]], max_prompt_tokens: int, temperature: float, top_p: float,
-                    max_tokens: int, seed: int, step: int | str, rank: int, lora_request=None) -> Stage2:
+                    max_tokens: int, seed: int, step: int | str, rank: int, lora_request=None,
+                    prefix: str = "") -> Stage2:
     """One regeneration per stage-1 completion that has a long answer and whose prompt has a context block.
 
     `problems` holds the B dataset problems; completion i belongs to problems[i // G], G = `group_size` (stage 1's
@@ -232,7 +241,7 @@ def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completi
         todo.append(i)
         prompts.append(ids)
     sampled = _sample(llm, prompts, 1, request_seed(seed, "stage2", step, rank), temperature=temperature,
-                      top_p=top_p, max_tokens=max_tokens, lora_request=lora_request) if todo else []
+                      top_p=top_p, max_tokens=max_tokens, lora_request=lora_request, prefix=prefix) if todo else []
     results: list[Completion | None] = [None] * len(completions)
     for i, completion in zip(todo, sampled):
         results[i] = completion

@@ -22,6 +22,7 @@ examples).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,15 +35,17 @@ from plumbing.runtime import all_reduce_values
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Advantage rules: (scores (N, R), weights (R,), G, eps, std) -> advantages (N,)
+# Advantage rules: (rewards (N,), scores (N, R), weights (R,), G, eps, std) -> advantages (N,)
+#   rewards is the weighted sum scores @ weights; eps and std are the config's advantage_eps and advantage_std.
 
 
-def canoe_advantages(scores: Tensor, weights: Tensor, group_size: int, eps: float, std: str) -> Tensor:
+def canoe_advantages(rewards: Tensor, scores: Tensor, weights: Tensor, group_size: int, eps: float,
+                     std: str) -> Tensor:
     """CANOE's rule: the group-relative advantages of the weighted sum of the rewards (grpo_loss.py's equations)."""
-    return group_advantages(scores @ weights.to(scores), group_size, eps=eps, std=std)  # (N,)
+    return group_advantages(rewards, group_size, eps=eps, std=std)  # (N,)
 
 
-def decoupled_advantages(scores: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4,
+def decoupled_advantages(rewards: Tensor, scores: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4,
                          std: str = "unbiased") -> Tensor:
     """GDPO's decoupled normalisation: each reward is normalised inside its group first, then weighted and summed.
 
@@ -56,7 +59,7 @@ def decoupled_advantages(scores: Tensor, weights: Tensor, group_size: int, eps: 
     `multi_objective_aggregation = "normalize_then_sum"`). `std` is group_advantages' flavour, also used for the
     batch-wide rescaling, which runs over this rank's sequences (TRL's over every rank's: docs/differences.md, D20).
 
-    >>> decoupled_advantages(torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0]]),
+    >>> decoupled_advantages(None, torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0]]),
     ...                      torch.tensor([1.0, 1.0]), group_size=2, eps=0.0, std="biased")
     tensor([ 1., -1.,  1., -1.])
     """
@@ -230,10 +233,8 @@ class Variants:
     trains on, the loss's options, the passes per rollout and the rollout itself."""
 
     reward_weights: Tensor  # (R,) the weight of each configured reward, in the order of cfg.rewards (score's columns)
+    advantages: Callable[[Tensor, Tensor], Tensor]  # (rewards (N,), scores (N, R)) -> (N,): the rule, its settings bound
     group_size: int  # G
-    advantage_rule: Callable[..., Tensor]
-    advantage_eps: float
-    advantage_std: str
     mask_truncated: bool
     skip_zero_variance_groups: bool
     num_iterations: int  # μ
@@ -248,18 +249,14 @@ class Variants:
                 "aggregation": AGGREGATIONS[cfg.aggregation], "ratio_level": RATIO_LEVELS[cfg.ratio_level],
                 "surrogate_weight": SURROGATE_WEIGHTS[weight]}
         weights = torch.tensor(list(cfg.rewards.values()), dtype=torch.float32)  # (R,)
-        return cls(weights, cfg.num_generations, ADVANTAGE_RULES[cfg.advantage_rule], cfg.advantage_eps,
-                   cfg.advantage_std, cfg.mask_truncated, cfg.skip_zero_variance_groups, cfg.num_iterations, loss,
-                   cfg.dynamic_sampling_draws)
-
-    def advantages(self, scores: Tensor) -> Tensor:
-        """`(N,)` advantages of the per-reward scores `(N, R)` under the configured rule."""
-        return self.advantage_rule(scores, self.reward_weights, self.group_size, self.advantage_eps,
-                                   self.advantage_std)
+        advantages = functools.partial(ADVANTAGE_RULES[cfg.advantage_rule], weights=weights,
+                                       group_size=cfg.num_generations, eps=cfg.advantage_eps, std=cfg.advantage_std)
+        return cls(weights, advantages, cfg.num_generations, cfg.mask_truncated, cfg.skip_zero_variance_groups,
+                   cfg.num_iterations, loss, cfg.dynamic_sampling_draws)
 
     def zero_variance(self, scores: Tensor) -> Tensor:
         """`(B,)` bool: the groups whose advantages are all equal, which teach nothing but the KL."""
-        return zero_variance_groups(self.advantages(scores), self.group_size)
+        return zero_variance_groups(self.advantages(scores @ self.reward_weights, scores), self.group_size)
 
     def kept(self, advantages: Tensor, completions: list) -> Tensor:
         """`(N,)` bool: the sequences that enter the loss (all of them unless a DAPO mask is on)."""

@@ -6,7 +6,7 @@ One group as in the step benchmark: a 210-token prompt and 7 completions of 40 t
 seed 0; the cost does not depend on which tokens). Scored two ways with the same model:
 (a) padded, as TRL and the original CANOE code do: a `(7, P + C)` batch, left-padded prompts, right-padded
 completions, the output head on the last C + 1 positions;
-(b) packed (`packing.completion_logprobs`): one row, the prompt once.
+(b) packed (`completion_logprobs`): one row, the prompt once.
 Prints the tokens each way, the median seconds of a no-grad forward (what the reference model does) and of a
 forward + backward (what the policy does), and the largest log-probability and gradient differences.
 """
@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from training import packing  # noqa: E402
-from grpo_loss import token_logprobs  # noqa: E402
+from grpo_loss import completion_logprobs, token_logprobs  # noqa: E402
 
 PROMPT_TOKENS = 210
 COMPLETION_TOKENS = (128, 40, 70, 90, 55, 64, 48)
@@ -80,15 +80,15 @@ def main() -> None:
 
     with torch.no_grad():
         a, padded_tokens = padded_logprobs(model, prompt, completions)
-        b = packing.completion_logprobs(model, packed)
+        b = completion_logprobs(model, packed)
         no_grad = {name: timed(fn, args.repeats) for name, fn in
-                   (("padded", padded), ("packed", lambda: packing.completion_logprobs(model, packed)))}
+                   (("padded", padded), ("packed", lambda: completion_logprobs(model, packed)))}
     grads = {}
-    for name, fn in (("padded", padded), ("packed", lambda: packing.completion_logprobs(model, packed))):
+    for name, fn in (("padded", padded), ("packed", lambda: completion_logprobs(model, packed))):
         with_grad(fn)()
         grads[name] = {n: p.grad.clone() for n, p in model.named_parameters()}
     train = {name: timed(with_grad(fn), args.repeats) for name, fn in
-             (("padded", padded), ("packed", lambda: packing.completion_logprobs(model, packed)))}
+             (("padded", padded), ("packed", lambda: completion_logprobs(model, packed)))}
 
     grad_diff = max(float((grads["padded"][n] - grads["packed"][n]).abs().max()) for n in grads["padded"])
     grad_scale = max(float(g.abs().max()) for g in grads["padded"].values())

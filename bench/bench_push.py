@@ -45,6 +45,7 @@ def main() -> None:
     import canoe
     from config import load_config
     from plumbing import lora, weight_sync
+    import grpo_loss
     from training import packing
 
     cfg = load_config(args.config)
@@ -88,7 +89,7 @@ def main() -> None:
         def probe_trainer():
             run.engine.eval()
             with torch.no_grad():
-                packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])], run.device))
+                grpo_loss.completion_logprobs(run.engine, packing.pack([(prompt, [completion])], run.device))
             run.engine.train()
 
         clock("probe_trainer", probe_trainer)

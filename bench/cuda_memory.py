@@ -13,7 +13,7 @@ plan is then evaluated), random weights (memory does not depend on their values)
 projection as `plumbing/lora.py` wraps it, every parameter cast to bfloat16 as DeepSpeed's bfloat16 mode does,
 one micro-batch of the run's shape with every completion at its longest and a prompt 3 tokens short of its limit
 (so that L is not a multiple of 8). It measures `torch.cuda.max_memory_allocated()` above what was allocated
-before the forward, through `packing.completion_logprobs`, a sum and `backward()`, against
+before the forward, through `grpo_loss.completion_logprobs`, a sum and `backward()`, against
 `memory_plan.activation_bytes` of the same shape, and the strides the mask reached the attention with; last, the
 Llama case without checkpointing under the memory-efficient kernel with a plain contiguous mask and with
 packing's. One JSON line per measurement.
@@ -35,6 +35,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from plumbing import memory_plan  # noqa: E402
+import grpo_loss  # noqa: E402
 from training import packing  # noqa: E402
 
 MIB = 2**20
@@ -136,7 +137,7 @@ def activations(name, arch, layers, shape, checkpointing, mask, backend="default
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         with forced(backend):
-            logprobs = packing.completion_logprobs(model, packed)
+            logprobs = grpo_loss.completion_logprobs(model, packed)
             logprobs.sum().backward()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before

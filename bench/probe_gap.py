@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import data  # noqa: E402
+import grpo_loss  # noqa: E402
 from training import packing  # noqa: E402
 import rollout  # noqa: E402
 from plumbing import weight_sync  # noqa: E402
@@ -47,7 +48,7 @@ def main(model_dir: str, dtype: str, prompts: int = 50) -> None:
     for prompt, completion in probes:
         vllm = weight_sync.vllm_token_logprobs(llm, prompt, completion)
         with torch.no_grad():
-            trainer = packing.completion_logprobs(model, packing.pack([(prompt, [completion])], torch.device("cpu")))[0]
+            trainer = grpo_loss.completion_logprobs(model, packing.pack([(prompt, [completion])], torch.device("cpu")))[0]
         gap = (vllm - trainer.float()).abs()
         worst.append(float(gap.max()))
         trimmed.append(weight_sync.check_sync(vllm, trainer, float("inf"))["sync/push_trimmed_abs_diff"])

@@ -174,19 +174,20 @@ def perturbed_lora(model_dir: str, dtype: torch.dtype, rank: int = 8):
 
 
 def training_step(model, vocab: int, recorder: DeviceOps) -> None:
-    """One micro-batch's loss and backward as canoe.forward_backward computes them, with π_ref, the truncated
+    """One micro-batch's loss and backward as canoe.update computes them, with π_ref, the truncated
     importance weight (variants.py), several passes' clip and the metrics' reductions switched on."""
     import grpo_loss
     import variants
+    import grpo_loss
     from training import packing
 
     prompts = [[(5 * i + 1) % vocab for i in range(12)]] * 2
     completions = [[(7 * i + 3) % vocab for i in range(6)], [(3 * i + 2) % vocab for i in range(4)]]
     with recorder:
         packed = packing.pack_micro_batch(prompts, completions, torch.device("cpu"))
-        logprobs = packing.completion_logprobs(model, packed)  # (M, C)
+        logprobs = grpo_loss.completion_logprobs(model, packed)  # (M, C)
         with torch.no_grad():
-            reference = packing.completion_logprobs(model, packed) - 0.01
+            reference = grpo_loss.completion_logprobs(model, packed) - 0.01
         advantages = grpo_loss.group_advantages(torch.tensor([1.0, 0.0]), 2)  # (M,)
         loss, metrics = grpo_loss.grpo_loss(logprobs, logprobs.detach() + 0.05, reference, advantages,
                                             packed.completion_mask, vllm_logprobs=logprobs.detach() - 0.1,

@@ -227,7 +227,7 @@ def scenario_accelerator() -> dict:
                                  canoe.out_of_time(now + 3600 if rank == 0 else now - 1)]
 
         step, run = make_step(rank)
-        result["metrics"] = step_metrics(run, step, seconds=2.0)
+        result["metrics"] = step_metrics(run, step, seconds=2.0, reward_means={})
         result["collectives"] = list(accelerator.calls)
         result["collective_device"] = str(runtime.collective_device())
         try:
@@ -243,7 +243,7 @@ def scenario_counts() -> dict:
 
     init_group("gloo")
     step, run = make_step(dist.get_rank())
-    metrics = step_metrics(run, step, seconds=2.0)
+    metrics = step_metrics(run, step, seconds=2.0, reward_means={})
     dist.destroy_process_group()
     return {"metrics": metrics}
 

@@ -254,7 +254,7 @@ def test_host_memory_count_with_lora_holds_one_copy_less_and_adam_for_the_adapte
 
 
 def fake_run(cfg: Config, tmp_path: Path):
-    """What canoe.score and canoe.reward_metrics read of a Run: the config, a grader's counters, the output folder
+    """What canoe.reward_metrics reads of a Run: the config, a grader's counters, the output folder
     and the phase times."""
     from types import SimpleNamespace
 
@@ -279,7 +279,7 @@ def test_score_passes_the_union_of_the_rows_fields(tmp_path, monkeypatch):
             {"problem": "<context>b</context>\n\nq", "solution": "<answer>b</answer>", "source": "s", "prompt_ids": [2]}]
     cfg = Config(num_generations=2, rewards={"spy": 1.0})
     completion = SimpleNamespace(text="<answer>a</answer>")
-    per_reward = canoe.score(fake_run(cfg, tmp_path), rows, [completion] * 4, SimpleNamespace(completions=[None] * 4))
+    per_reward = rewards.score(cfg.rewards, rows, [completion] * 4, [None] * 4, cfg.num_generations)
     assert seen["hint"] == ["h", "h", None, None]
     assert seen["source"] == [None, None, "s", "s"]
     assert "prompt_ids" not in seen and per_reward.shape == (4, 1)
@@ -298,8 +298,9 @@ def test_score_logs_the_share_of_groups_where_each_reward_varies(tmp_path, monke
     completion = SimpleNamespace(text="<answer>x</answer>")
     run = fake_run(cfg, tmp_path)
     before = canoe.reward_counts(run)
-    per_reward = canoe.score(run, rows, [completion] * 6, SimpleNamespace(completions=[None] * 6))  # (6, 2)
-    means = canoe.reward_metrics(run, rows, [completion] * 6, per_reward, before)
+    per_reward = rewards.score(cfg.rewards, rows, [completion] * 6, [None] * 6, cfg.num_generations)  # (6, 2)
+    means = canoe.reward_metrics(run, SimpleNamespace(rows=rows, completions=[completion] * 6, scores=per_reward),
+                                 before)
     assert means["signal/a"] == pytest.approx(2 / 3) and means["signal/b"] == 0.0
     assert means["reward/a"] == pytest.approx(4 / 6)
 

@@ -111,7 +111,7 @@ def test_a_group_is_flat_when_its_advantages_are_all_equal(rule):
                                                  ([1.0, 0.0], [False, True, True])]}[rule]:
         chosen = variants.Variants.create(Config(advantage_rule=rule, num_generations=2,
                                                  rewards={"accuracy": weights[0], "format": weights[1]}))
-        advantages = chosen.advantages(scores).reshape(3, 2)  # (B, G)
+        advantages = chosen.advantages(scores @ chosen.reward_weights, scores).reshape(3, 2)  # (B, G)
         assert chosen.zero_variance(scores).tolist() == flat
         for group, is_flat in enumerate(flat):  # flat: the group's advantages are equal; else they differ
             assert (advantages[group, 0] == advantages[group, 1]) == is_flat

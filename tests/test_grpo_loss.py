@@ -467,7 +467,7 @@ def test_skipped_groups_under_normalize_then_sum_are_those_without_advantages():
     per_reward = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.5, 0.5], [0.0, 0.5, 0.5], [0.0, 0.0, 1.0]]
                               + [[1.0, 1.0, 1.0]] * 4)  # (N = 8, R = 3), G = 4
     weights = torch.ones(3)
-    advantages = decoupled_advantages(per_reward, weights, 4)  # (N,)
+    advantages = decoupled_advantages(None, per_reward, weights, 4)  # (N,)
     assert advantages[:4].abs().min() > 0.1 and torch.equal(advantages[4:], torch.zeros(4))
     three = {"accuracy": 1.0, "format": 1.0, "influence": 1.0}
     flat = Variants.create(Config(advantage_rule="normalize_then_sum", num_generations=4,
@@ -598,7 +598,7 @@ def test_decoupled_advantages_gdpo_hand_values():
     #   S = A_acc + A_fmt = (2, 0, 0, -2): mean 0, unbiased std sqrt((4 + 0 + 0 + 4) / 3) = sqrt(8/3)
     per_reward = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 1.0], [0.0, 0.0]])
     expected = torch.tensor([2.0, 0.0, 0.0, -2.0]) / math.sqrt(8 / 3)
-    assert_close(decoupled_advantages(per_reward, torch.tensor([1.0, 1.0]), 4, eps=0.0), expected)
+    assert_close(decoupled_advantages(None, per_reward, torch.tensor([1.0, 1.0]), 4, eps=0.0), expected)
     # The plain sum (CANOE) of the same rewards, (2, 1, 1, 0): mean 1, unbiased std sqrt(2/3), so
     # A = (1, 0, 0, -1) / sqrt(2/3): the correct answer's advantage 1.22 against 2 / sqrt(8/3) = 1.22 above; they
     # differ once the rewards' spreads differ (next case).
@@ -606,17 +606,17 @@ def test_decoupled_advantages_gdpo_hand_values():
                  torch.tensor([1.0, 0.0, 0.0, -1.0]) / math.sqrt(2 / 3))
     # Weights scale each reward's normalised advantage before the batch-wide rescaling: weights (3, 1)
     # S = 3 (3/2, -1/2, -1/2, -1/2) + (1/2, 1/2, 1/2, -3/2) = (5, -1, -1, -3): mean 0, std sqrt(36 / 3) = sqrt(12)
-    assert_close(decoupled_advantages(per_reward, torch.tensor([3.0, 1.0]), 4, eps=0.0),
+    assert_close(decoupled_advantages(None, per_reward, torch.tensor([3.0, 1.0]), 4, eps=0.0),
                  torch.tensor([5.0, -1.0, -1.0, -3.0]) / math.sqrt(12))
 
 
 def test_decoupled_advantages_constant_rewards_and_errors():
     same = torch.ones(6, 3)  # every reward equal inside each group: no signal
-    assert torch.equal(decoupled_advantages(same, torch.ones(3), 3), torch.zeros(6))
+    assert torch.equal(decoupled_advantages(None, same, torch.ones(3), 3), torch.zeros(6))
     # Two rewards that trade off inside a group: S is 0 everywhere, so the advantages are exactly 0
     swap = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    assert torch.equal(decoupled_advantages(swap, torch.ones(2), 2), torch.zeros(2))
+    assert torch.equal(decoupled_advantages(None, swap, torch.ones(2), 2), torch.zeros(2))
     with pytest.raises(ValueError, match=r"\(N, R\)"):
-        decoupled_advantages(torch.ones(4), torch.ones(1), 2)
+        decoupled_advantages(None, torch.ones(4), torch.ones(1), 2)
     with pytest.raises(ValueError, match=r"\(N, R\)"):
-        decoupled_advantages(torch.ones(4, 2), torch.ones(3), 2)
+        decoupled_advantages(None, torch.ones(4, 2), torch.ones(3), 2)

@@ -19,7 +19,7 @@ from plumbing import lora
 from training import packing
 from plumbing import weight_sync
 from config import LORA_TARGETS, Config, ConfigError, load_config
-from grpo_loss import grpo_loss
+from grpo_loss import completion_logprobs, grpo_loss
 from variants import AGGREGATIONS
 from test_sleep_order import SleepModeEngine, cuda_kernels, fixed_rewards, make_run, process_group, tiny_model  # noqa: F401
 
@@ -101,7 +101,7 @@ def test_the_step_trains_only_the_adapters_pushes_the_merge_and_scores_the_refer
     assert len(moved) == len(adapters_before)  # every A and B moved
     batch = step.micro_batches[0]
     with torch.no_grad():
-        expected = packing.completion_logprobs(plain, batch.packed)  # (M, C)
+        expected = completion_logprobs(plain, batch.packed)  # (M, C)
     torch.testing.assert_close(batch.ref, expected, rtol=0, atol=1e-5)
 
 
@@ -115,10 +115,10 @@ def test_the_adapter_gradients_follow_from_the_merged_weights_gradient():
     mask = packed.completion_mask.float()  # (2, C)
     advantages = torch.tensor([1.0, -1.0])
     with torch.no_grad():
-        ref = packing.completion_logprobs(tiny_model(), packed) - 0.05  # (2, C), a reference that differs
+        ref = completion_logprobs(tiny_model(), packed) - 0.05  # (2, C), a reference that differs
 
     def backward(policy) -> None:
-        logprobs = packing.completion_logprobs(policy, packed)  # (2, C)
+        logprobs = completion_logprobs(policy, packed)  # (2, C)
         loss, _ = grpo_loss(logprobs, logprobs.detach(), ref, advantages, mask, beta=0.04,
                             aggregation=AGGREGATIONS["seq-mean-token-mean"], total_sequences=2.0)
         loss.backward()

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+import grpo_loss
 from training import packing
 
 # --- layout, checked by hand
@@ -94,7 +95,7 @@ def test_packed_logprobs_and_gradients_equal_one_sequence_at_a_time(kind, attn):
     model.zero_grad()
 
     packed = packing.pack(GROUPS)
-    got = packing.completion_logprobs(model, packed)  # (5, 5)
+    got = grpo_loss.completion_logprobs(model, packed)  # (5, 5)
     for i, row in enumerate(expected):
         torch.testing.assert_close(got[i, : len(row)], row, atol=1e-5, rtol=1e-5)
         assert (got[i, len(row):] == 0).all()
@@ -110,7 +111,7 @@ def test_flash_attention_is_refused_with_a_reason():
     model = tiny("llama", "sdpa")
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="4D attention mask"):
-        packing.completion_logprobs(model, packing.pack(GROUPS))
+        grpo_loss.completion_logprobs(model, packing.pack(GROUPS))
 
 
 def test_mask_is_in_the_model_dtype():
@@ -118,7 +119,7 @@ def test_mask_is_in_the_model_dtype():
     mask = packing.attention_mask(model, packing.pack(GROUPS).allowed)
     assert mask.dtype == torch.bfloat16 and mask.shape[:2] == (1, 1)
     assert mask[0, 0, 0, 1] == torch.finfo(torch.bfloat16).min and mask[0, 0, 1, 0] == 0
-    got = packing.completion_logprobs(model, packing.pack(GROUPS))
+    got = grpo_loss.completion_logprobs(model, packing.pack(GROUPS))
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
 
 

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 import canoe
 from plumbing import lora
+import grpo_loss
 from training import packing
 import rollout
 from plumbing import weight_sync
@@ -144,7 +145,7 @@ def test_a_push_that_did_not_land_passes_a_bf16_probe_tolerance_but_not_the_weig
     # the probe alone would have passed this stale push at the bf16 recipes' tolerance
     prompt, completion = run.push.probe
     with torch.no_grad():
-        trainer = packing.completion_logprobs(run.engine, packing.pack([(prompt, [completion])]))[0]
+        trainer = grpo_loss.completion_logprobs(run.engine, packing.pack([(prompt, [completion])]))[0]
     vllm = weight_sync.vllm_token_logprobs(llm, prompt, completion)
     assert weight_sync.check_sync(vllm, trainer, 0.5)["sync/push_max_abs_diff"] < 0.5
 

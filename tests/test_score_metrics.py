@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import canoe
 from config import Config
-from rollout import Completion, Stage2
+from rollout import Completion, Rollout, Stage2
 
 
 class FailingGrader:
@@ -28,8 +28,9 @@ def test_grader_errors_are_logged_per_step(tmp_path: Path):
     completions = [Completion("<answer>1+x</answer>", (1,), (-0.1,), "stop"),
                    Completion("<answer>x+1</answer>", (1,), (-0.1,), "stop")]
     before = canoe.reward_counts(run)
-    scores = canoe.score(run, rows, completions, Stage2([None, None], [None, None], 0))  # (2, 1)
-    means = canoe.reward_metrics(run, rows, completions, scores, before)
+    scores = canoe.score(run.cfg.rewards, rows, completions, [None, None], 2, grader=run.grader,
+                         log_dir=str(tmp_path))  # (2, 1)
+    means = canoe.reward_metrics(run, Rollout(rows, completions, Stage2.none(2), scores), before)
     # "1+x" against "x+1" goes to a worker, which raises (one error); the identical pair needs no worker
     assert means["reward/grader_errors"] == 1
     assert means["reward/timeouts"] == 0

@@ -182,10 +182,10 @@ def make_run(tmp_path, sleep: bool, policy: torch.nn.Module | None = None,
     return run, llm
 
 
-def fixed_rewards(run, rows, completions, stage2):
+def fixed_rewards(names, rows, completions, stage2, G, **extra):
     """1, 0 within each group for the first reward, 0 for the others: every group has an advantage, so the update
-    moves the weights. Returns score's `(N, R)` per-reward scores."""
-    per_reward = torch.zeros(len(completions), len(run.cfg.rewards))  # (N, R)
+    moves the weights. Returns rewards.score's `(N, R)` per-reward scores."""
+    per_reward = torch.zeros(len(completions), len(names))  # (N, R)
     per_reward[:, 0] = torch.tensor([float(i % 2 == 0) for i in range(len(completions))])
     return per_reward
 
@@ -216,13 +216,13 @@ def test_the_engine_sleeps_while_the_trainer_trains(tmp_path, process_group, mon
     monkeypatch.setattr(canoe, "score", fixed_rewards)
     run, llm = make_run(tmp_path, sleep=True)
     seen = []
-    forward_backward = canoe.forward_backward
+    completion_logprobs = canoe.completion_logprobs
 
-    def watched(run, batch, totals):
+    def watched(model, packed):
         seen.append(set(llm.asleep))
-        return forward_backward(run, batch, totals)
+        return completion_logprobs(model, packed)
 
-    monkeypatch.setattr(canoe, "forward_backward", watched)
+    monkeypatch.setattr(canoe, "completion_logprobs", watched)
     canoe.train_step(run)
     assert seen == [{"weights", "kv_cache"}]  # one micro-batch, trained while vLLM held no memory
 

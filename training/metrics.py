@@ -124,7 +124,7 @@ def reduce_loss_totals(totals: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return reduced
 
 
-def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
+def step_metrics(run, step: Step, seconds: float, reward_means: dict[str, float]) -> dict[str, float]:
     """The step's metrics line: loss metrics reduced exactly over micro-batches and ranks, counts summed over
     ranks, maxima the largest of any rank, the rest averaged (the module's docstring has the rule)."""
     # no losses: the step had no sequence to train on (all skipped); the loss metrics are then 0
@@ -136,6 +136,7 @@ def step_metrics(run, step: Step, seconds: float) -> dict[str, float]:
     G = len(completions) // len(step.rollout.rows)
     metrics = {
         **step.rollout.metrics,
+        **reward_means,
         "reward/total": float(step.rewards.mean()),
         "reward/total_std": float(step.rewards.std()),
         "loss/loss": sum(float(loss) for loss, _ in first_pass),

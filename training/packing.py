@@ -30,7 +30,6 @@ from typing import Sequence
 
 import torch
 
-from grpo_loss import token_logprobs
 
 # One group: a prompt's token ids and the token ids of each of its completions.
 Group = tuple[Sequence[int], Sequence[Sequence[int]]]
@@ -69,6 +68,10 @@ class Packed:
             & (index[None, :] <= index[:, None])
             & ((self.part[None, :] == 0) | (self.part[None, :] == self.part[:, None]))
         )  # (L, L)
+
+    def attention_mask(self, model) -> torch.Tensor:
+        """The additive `(1, 1, L, L)` mask of `allowed` for `model` (`attention_mask`)."""
+        return attention_mask(model, self.allowed)
 
 
 def pack(groups: Sequence[Group], device: torch.device | str = "cpu") -> Packed:
@@ -149,19 +152,3 @@ def attention_mask(model, allowed: torch.Tensor) -> torch.Tensor:
     row = -(-L // MASK_ALIGNMENT) * MASK_ALIGNMENT
     mask = torch.zeros((L, row), dtype=dtype, device=allowed.device)[:, :L]  # (L, L), strides (row, 1)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]  # (1, 1, L, L)
-
-
-def completion_logprobs(model, packed: Packed) -> torch.Tensor:
-    """Log-probabilities `(n, C)` of the completion tokens (0 on padding, see `packed.completion_mask`).
-
-    Only the T predicting positions go through the output head (`logits_to_keep` given as indices; the prompt's
-    last position once per completion), and `token_logprobs` upcasts one chunk at a time, so no float32 `(T, V)`
-    copy of the logits is ever made.
-    """
-    logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                   attention_mask=attention_mask(model, packed.allowed), logits_to_keep=packed.predictors,
-                   use_cache=False).logits  # (1, T, V)
-    flat = token_logprobs(logits, packed.targets[None])[0]  # (T,)
-    mask = packed.completion_mask.bool()  # (n, C)
-    out = torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device)  # (n, C)
-    return out.masked_scatter(mask, flat)  # row-major order of the mask = completion after completion

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from plumbing import lora, weight_sync
+import grpo_loss
 from training import packing
 
 
@@ -88,7 +89,7 @@ class WeightPush:
         device = next(getattr(engine, "module", engine).parameters()).device
         engine.eval()
         with torch.no_grad():
-            trainer = packing.completion_logprobs(engine, packing.pack([(prompt, [completion])], device))[0]
+            trainer = grpo_loss.completion_logprobs(engine, packing.pack([(prompt, [completion])], device))[0]
         engine.train()
         vllm = weight_sync.vllm_token_logprobs(self.llm, prompt, completion, self.lora_request)
         return weight_sync.check_sync(vllm, trainer, self.tolerance, sums_said)

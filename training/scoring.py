@@ -1,8 +1,5 @@
-"""The rewards of a step: every configured reward function called on the completions, and the logged means.
-
-canoe.py calls `score` on each rollout (with dynamic sampling, on each draw) and `reward_metrics` once on the batch
-it trains on; `reward_counts` before the first rollout, so the counts cover every draw of the step.
-"""
+"""The logged means of a step's rewards: canoe.run_step takes `reward_counts` before the step's first rollout, so
+that the counts cover every draw of the step, and `reward_metrics` of the batch it trained on."""
 
 from __future__ import annotations
 
@@ -10,38 +7,7 @@ import torch
 
 import data
 from grpo_loss import zero_variance_groups
-from rewards import REWARD_FUNCS, REWARD_ISSUES
-from training.metrics import timed
-
-
-def reward_columns(rows: list[dict], G: int) -> dict[str, list]:
-    """Every dataset field as a column with one value per completion (N = B·G), None where a row lacks it.
-
-    The union of the rows' fields, in order of first appearance: rows may carry different optional fields, and
-    a field that only a later row has still reaches the rewards.
-    """
-    keys = list(dict.fromkeys(key for row in rows for key in row if key != "prompt_ids"))
-    return {key: [row.get(key) for row in rows for _ in range(G)] for key in keys}
-
-
-@timed("rewards")
-def score(run, rows: list[dict], completions, stage2) -> torch.Tensor:
-    """Call every reward of `cfg.rewards`; returns the per-reward scores `(N, R)`.
-
-    Every dataset field arrives as a keyword argument with one value per completion (the reward functions'
-    convention), and `completions_long_answer` carries the stage-2 completions. A reward that raises stops the
-    run: only malformed inputs are the rewards' to score 0 (and count in REWARD_ISSUES).
-    """
-    names = list(run.cfg.rewards)
-    columns = reward_columns(rows, run.cfg.num_generations)
-    messages = [[{"role": "assistant", "content": c.text}] for c in completions]
-    long_answer = [None if c is None else [{"role": "assistant", "content": c.text}] for c in stage2.completions]
-    per_reward = torch.zeros(len(completions), len(names))  # (N, R)
-    for j, name in enumerate(names):
-        scores = REWARD_FUNCS[name](messages, completions_long_answer=long_answer, grader=run.grader,
-                                    log_dir=str(run.out), **columns)
-        per_reward[:, j] = torch.tensor(scores, dtype=torch.float32)
-    return per_reward
+from rewards import REWARD_ISSUES
 
 
 def reward_counts(run) -> tuple[int, int, int]:
@@ -49,14 +15,15 @@ def reward_counts(run) -> tuple[int, int, int]:
     return sum(REWARD_ISSUES.values()), run.grader.timeouts, run.grader.errors
 
 
-def reward_metrics(run, rows: list[dict], completions, per_reward: torch.Tensor,
-                   counts_before: tuple[int, int, int]) -> dict[str, float]:
-    """The logged means of the trained batch's rewards `(N, R)`, and the counts since `counts_before`.
+def reward_metrics(run, batch, counts_before: tuple[int, int, int]) -> dict[str, float]:
+    """The logged means of the trained batch's rewards (`batch`: rollout.Rollout), and the counts since
+    `counts_before`.
 
     `signal/<name>` is the share of groups in which that reward is not the same for all G samples: GRPO learns
     nothing about a reward from a group where it does not vary.
     """
     G, names = run.cfg.num_generations, list(run.cfg.rewards)
+    rows, completions, per_reward = batch.rows, batch.completions, batch.scores
     means = {f"reward/{name}": float(per_reward[:, j].mean()) for j, name in enumerate(names)}
     varies = (~zero_variance_groups(per_reward, G)).float().mean(dim=0)  # (R,) share of the B groups
     means |= {f"signal/{name}": float(varies[j]) for j, name in enumerate(names)}
