@@ -1,21 +1,13 @@
-"""The tables of the synthetic faithfulness data (`python -m synthetic.synth`), loaded once from `facts.json`.
-
-`facts.json` holds two sections. `facts`: the fact tables and name pools below. `templates`: the sentence
-templates `synth.py` writes its passages with (`TEMPLATES`: relations, references, fillers, linkers,
-instructions, chains). Two kinds of facts:
+"""The tables of the synthetic data (`python -m synthetic.synth`), loaded once from `facts.json`: the facts and
+name pools below, and `TEMPLATES`, the sentence templates synth.py writes its passages with.
 
 * Real-world facts (capitals, currencies, main languages, cities, chemical symbols, authors, moons): only
-  well-settled ones, since counterfactual items change exactly these. A country whose main language is contested
-  has `null` for it; countries with a disputed or changing capital or currency, or written with "the" (so that a
-  short answer is just the name), are left out; a city whose name is also a city elsewhere is left out, so
-  "X is a city in K" has one true K. Currencies are lowercase common nouns, elements lowercase names.
-* Invented names (people, companies, films, towns, rivers, stadiums) that no model can know, so the answer can
-  only come from the context. A person is FIRST + LAST, a film "The ADJECTIVE NOUN"; professions, industries,
-  club suffixes and arena words are values that both splits use.
-
-`synth.split_worlds` divides the entities (countries with their cities, elements, books, moons, surnames,
-companies, title nouns and adjectives, towns, rivers) between train and eval, so no eval question is about an
-entity seen in training and train and eval people never share a surname.
+  well-settled ones, since counterfactual items change exactly these. A contested main language is `null`;
+  countries with a disputed capital or currency or written with "the", and city names that are also cities
+  elsewhere, are left out, so each such fact has one true value.
+* Invented names (people FIRST + LAST, companies, films "The ADJECTIVE NOUN", towns, rivers, stadiums) that no
+  model can know, so the answer can only come from the context. Professions, industries, club suffixes and arena
+  words are values that both splits use; `synth.split_worlds` divides every other pool between train and eval.
 """
 
 from __future__ import annotations
@@ -27,7 +19,7 @@ _DATA = json.loads(Path(__file__).with_name("facts.json").read_text(encoding="ut
 _FACTS = _DATA["facts"]
 TEMPLATES: dict = _DATA["templates"]
 
-# country: (capital, currency, main language or None).
+# country: (capital, currency as a lowercase noun ("the euro"), main language or None).
 COUNTRIES: dict[str, tuple[str, str, str | None]] = {name: tuple(row) for name, row in _FACTS["countries"].items()}
 # country: its non-capital cities.
 CITIES: dict[str, tuple[str, ...]] = {name: tuple(cities) for name, cities in _FACTS["cities"].items()}

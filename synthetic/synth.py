@@ -1,27 +1,23 @@
 """Synthetic faithfulness data in the CANOE paper's four task types: prose passages built from `facts.py`.
 
-CANOE trains on short-form QA items synthesised from knowledge-base triples; this makes items of the same kinds on
-the machine, so the default run needs no download. A passage reads like a real reading-comprehension passage
-(ConFiQA's, FollowRAG's): a paragraph of prose about one entity, several of its facts in varied sentences,
-sentences that state nothing, and look-alike entities of its kind with facts of their own, so the asked fact has to
-be found among them. Answers are names, years and counts. The templates and tables live in `facts.json`.
+CANOE trains on short-form QA synthesised from knowledge-base triples; this makes items of the same kinds on the
+machine. A passage reads like a reading-comprehension passage (ConFiQA's, FollowRAG's): a paragraph of prose about
+one entity, several of its facts in varied sentences, sentences that state nothing, and look-alike entities of its
+kind with facts of their own. Answers are names, years and counts; the templates are in `facts.json`.
 
 - **straightforward**: the answer is stated in a paragraph about the entity;
-- **multi_hop**: a chain of two or three facts, one paragraph per entity of the chain ("Who composed the music
-  for the film directed by X?"), sometimes with the chain's real-world fact changed (ConFiQA-MR's kind);
+- **multi_hop**: a chain of two or three facts, one paragraph per entity ("Who composed the music for the film
+  directed by X?"), sometimes with the chain's real-world fact changed (ConFiQA-MR's kind);
 - **inconsistent**: two or three passages disagree on the fact, and the question says which passage to trust;
-- **counterfactual**: a paragraph about a real entity (a country, city, book, element or moon) whose real fact is
-  replaced by another value *wherever the value occurs*, as ConFiQA substitutes its contexts.
+- **counterfactual**: a paragraph about a real entity whose real fact is replaced by another value *wherever the
+  value occurs*, as ConFiQA substitutes its contexts.
 
-Every row is `{"id", "task", "relation", "entities", "problem", "solution"}` as `data.load_jsonl` reads it
-(docs/DESIGN.md, "Data"); `entities` are the subjects of the chain, `relation` the asked relation (a chain is
-"first>second"). Train and eval are built from disjoint entities. The output is a function of the arguments
-alone: the same seed writes byte-identical files.
+Every row is `{"id", "task", "relation", "entities", "problem", "solution"}` as `data.load_jsonl` reads it;
+`entities` are the chain's subjects, `relation` the asked relation (a chain is "first>second"). Train and eval use
+disjoint entities; the same arguments write byte-identical files. `--confiqa` also writes the eval split's
+counterfactual rows as a ConFiQA file (`to_confiqa`) for `canoe.py --eval --suite confiqa --eval-file ...`.
 
     python -m synthetic.synth --out data/synth [--n 2000] [--eval-share 0.15] [--seed 42] [--confiqa]
-
-`--confiqa` also writes the eval split's counterfactual rows as a ConFiQA file (`to_confiqa`), for
-`canoe.py --eval --suite confiqa --eval-file data/synth/eval-confiqa.json`.
 """
 
 from __future__ import annotations
@@ -77,19 +73,6 @@ COUNTERFACTUAL_CHAIN_SHARE = 0.4  # multi-hop items whose real-world hop is chan
 PASSAGE_WORDS = (60, 250)  # the length of a context, in words (ConFiQA's are ~60-200, a FollowRAG passage ~100)
 
 
-def world_fact(relation: str, subject: str) -> str | None:
-    """The real-world value of a relation from facts.py (None for invented or unknown facts)."""
-    if relation in ("capital", "currency", "language") and subject in facts.COUNTRIES:
-        return facts.COUNTRIES[subject][("capital", "currency", "language").index(relation)]
-    if relation == "city_country":
-        for country, (capital, _, _) in facts.COUNTRIES.items():
-            if subject == capital or subject in facts.CITIES.get(country, ()):
-                return country
-        return None
-    table = {"symbol": facts.ELEMENTS, "author": facts.BOOKS, "orbits": facts.MOONS}.get(relation, {})
-    return table.get(subject)
-
-
 def sentence(template: str, subject: str, value: str) -> str:
     """A template filled in, its first letter capitalised ("iron" opens a sentence as "Iron")."""
     article = "an" if value[:1].lower() in "aeiou" else "a"
@@ -122,21 +105,17 @@ class World:
 
     def values(self, relation: str) -> list[str]:
         """Every value of `relation` in this world (what a changed or disagreeing fact is drawn from)."""
-        found = sorted({v for (_, r), v in self.facts.items() if r == relation})
-        if relation == "orbits":
-            found = sorted(set(found) | set(facts.PLANETS))
-        if relation == "capital":
-            found = sorted(set(found) | set(self.kinds["city"]))
-        return found
+        extra = facts.PLANETS if relation == "orbits" else self.kinds["city"] if relation == "capital" else ()
+        return sorted({v for (_, r), v in self.facts.items() if r == relation} | set(extra))
 
 
-def _count(rng: random.Random, low: int, high: int) -> str:
-    return f"{rng.randint(low, high):,}"
+# The pools of real-world entities, each split between train and eval like the invented names.
+REAL_POOLS = {"countries": facts.COUNTRIES, "elements": facts.ELEMENTS, "books": facts.BOOKS, "moons": facts.MOONS}
 
 
-def build_world(pools: dict[str, list[str]], rng: random.Random) -> World:
-    """One split's world from its share of the name pools (see split_worlds)."""
-    world, cities = World(), []
+def _add_real_facts(world: World, pools: dict[str, Iterable[str]]) -> list[str]:
+    """Add the real-world entities of `pools` (REAL_POOLS' keys) with their facts to `world`; return its cities."""
+    cities = []
     for country in pools["countries"]:
         capital, currency, language = facts.COUNTRIES[country]
         world.add("country", country,
@@ -150,6 +129,13 @@ def build_world(pools: dict[str, list[str]], rng: random.Random) -> World:
         world.add("book", book, {"author": facts.BOOKS[book]})
     for moon in pools["moons"]:
         world.add("moon", moon, {"orbits": facts.MOONS[moon]})
+    return cities
+
+
+def build_world(pools: dict[str, list[str]], rng: random.Random) -> World:
+    """One split's world from its share of the name pools (see split_worlds)."""
+    world = World()
+    cities = _add_real_facts(world, pools)
     people = [f"{first} {last}" for last in pools["surnames"]
               for first in rng.sample(facts.FIRST_NAMES, PEOPLE_PER_SURNAME)]
     universities = [f"the University of {city}" for city in cities]
@@ -164,7 +150,7 @@ def build_world(pools: dict[str, list[str]], rng: random.Random) -> World:
     for company in companies:
         world.add("company", company, {
             "founded": str(rng.randint(1850, 2015)), "founder": rng.choice(people),
-            "headquarters": rng.choice(cities), "employees": _count(rng, 40, 90000),
+            "headquarters": rng.choice(cities), "employees": f"{rng.randint(40, 90000):,}",
             "industry": rng.choice(facts.INDUSTRIES), "ceo": rng.choice(people)})
     for adjective in pools["adjectives"]:
         for noun in rng.sample(pools["nouns"], 2):
@@ -177,7 +163,7 @@ def build_world(pools: dict[str, list[str]], rng: random.Random) -> World:
             "coach": rng.choice(people), "titles": str(rng.randint(1, 23))})
     for town in pools["towns"]:
         world.add("town", town, {
-            "town_country": rng.choice(pools["countries"]), "population": _count(rng, 1500, 480000),
+            "town_country": rng.choice(pools["countries"]), "population": f"{rng.randint(1500, 480000):,}",
             "river": rng.choice(pools["rivers"]), "mayor": rng.choice(people)})
     return world
 
@@ -185,9 +171,10 @@ def build_world(pools: dict[str, list[str]], rng: random.Random) -> World:
 def split_worlds(seed: int) -> tuple[World, World]:
     """Split every name pool between train and eval (ENTITY_EVAL_SHARE to eval) and build both worlds."""
     rng = random.Random(f"entity-split:{seed}")
-    tables = {"countries": facts.COUNTRIES, "elements": facts.ELEMENTS, "books": facts.BOOKS, "moons": facts.MOONS,
-              "surnames": facts.LAST_NAMES, "companies": facts.COMPANIES, "adjectives": facts.TITLE_ADJECTIVES,
-              "nouns": facts.TITLE_NOUNS, "towns": facts.TOWNS, "rivers": facts.RIVERS}
+    # The order of the pools is the order of the draws.
+    tables = REAL_POOLS | {"surnames": facts.LAST_NAMES, "companies": facts.COMPANIES,
+                           "adjectives": facts.TITLE_ADJECTIVES, "nouns": facts.TITLE_NOUNS, "towns": facts.TOWNS,
+                           "rivers": facts.RIVERS}
     train, eval_ = {}, {}
     for name, table in tables.items():
         shuffled = sorted(table)
@@ -198,13 +185,13 @@ def split_worlds(seed: int) -> tuple[World, World]:
             build_world(eval_, random.Random(f"world-eval:{seed}")))
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Paragraphs
+_REAL_WORLD = World()
+_add_real_facts(_REAL_WORLD, REAL_POOLS)
 
 
-def _reference(world: World, name: str) -> str:
-    kind = world.kind_of(name)
-    return name.split()[-1] if kind == "person" else REFERENCES[kind]
+def world_fact(relation: str, subject: str) -> str | None:
+    """The real-world value of a relation from facts.py (None for invented or unknown facts)."""
+    return _REAL_WORLD.facts.get((subject, relation))
 
 
 def _namesakes(world: World, people: Iterable[str]) -> set[str]:
@@ -272,6 +259,7 @@ def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str
     body += _look_alikes(world, name, kind, avoid, rng)
     rng.shuffle(body)
     sentences = [sentence(rng.choice(RELATIONS[first].statements), name, values[first])]
+    reference = name.split()[-1] if kind == "person" else REFERENCES[kind]
     antecedent = True  # the last entity of this kind that a sentence named is this one
     for what, text in body:
         if what == "other":
@@ -283,14 +271,10 @@ def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str
         # item makers keep the person's namesakes out of the passage's other paragraphs (`_namesakes`).
         refer = (antecedent or kind == "person") and rng.random() < 0.5
         template, value = (rng.choice(RELATIONS[text].statements), values[text]) if what == "fact" else (text, "")
-        subject = _reference(world, name) if refer and not _names_kind(template, kind) else name
+        subject = reference if refer and not _names_kind(template, kind) else name
         sentences.append(sentence(template, subject, value))
         antecedent = antecedent or what == "fact" or "{s}" in text  # "Its cuisine ..." names no one
     return " ".join(sentences)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Items
 
 
 def _question(relation_or_chain: str, subject: str, rng: random.Random, template: str | None = None) -> str:
@@ -356,20 +340,22 @@ def _multi_hop(world: World, rng: random.Random) -> dict:
     relations, template = CHAINS[chain]
     persons = set(world.kinds["person"])
 
+    def people(nodes: list[str]) -> list[str]:  # each has a paragraph of their own, referring to them by surname
+        return [node for node in nodes[:-1] if node in persons]
+
     def path(start: str) -> list[str] | None:
-        """The chain's nodes from `start`, if the whole chain exists, repeats no node and its people (each referred
-        to by surname in a paragraph of their own) have no namesake among the nodes."""
+        """The chain's nodes from `start`, if the whole chain exists, repeats no node and names no namesake of
+        its people."""
         nodes = [start]
         for relation in relations:
             if (nodes[-1], relation) not in world.facts:
                 return None
             nodes.append(world.facts[(nodes[-1], relation)])
-        people = [node for node in nodes[:-1] if node in persons]
-        return nodes if len(set(nodes)) == len(nodes) and not _namesakes(world, people) & set(nodes) else None
+        return nodes if len(set(nodes)) == len(nodes) and not _namesakes(world, people(nodes)) & set(nodes) else None
 
     nodes = path(rng.choice([s for s in world.kinds[RELATIONS[relations[0]].kind] if path(s)]))
     answer = nodes[-1]
-    avoid = set(nodes) | _namesakes(world, [node for node in nodes[:-1] if node in persons])
+    avoid = set(nodes) | _namesakes(world, people(nodes))
     paragraphs = [paragraph(world, subject, rng, must=[relation], size=rng.randint(3, 5), avoid=avoid)
                   for subject, relation in zip(nodes, relations)]
     context = rng.choice((" ", "\n")).join(paragraphs)
@@ -448,13 +434,9 @@ def bare_question(user_text: str) -> str:
 
 
 def to_confiqa(rows: Iterable[dict]) -> list[dict]:
-    """The counterfactual rows as ConFiQA records (what `--eval --suite confiqa` and `--suite fiqa` read).
-
-    `cf_context` is the row's context, `question` its bare question (the suite adds its own instruction),
-    `cf_answer` its answer; `orig_answer` is the real-world value and `orig_context` the context with the change
-    undone (the changed value is never in the passage before the change, `_change`). Other task types have no
-    competing original answer, so they are left out.
-    """
+    """The counterfactual rows as ConFiQA records (what `--eval --suite confiqa` and `--suite fiqa` read), the
+    question bare; `orig_context` is the context with the change undone (the changed value is never in the passage
+    before the change, `_change`). Other task types have no competing original answer and are left out."""
     records = []
     for row in rows:
         if row.get("task") != "counterfactual":
