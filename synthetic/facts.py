@@ -8,6 +8,8 @@ name pools below, and `TEMPLATES`, the sentence templates synth.py writes its pa
 * Invented names (people FIRST + LAST, companies, films "The ADJECTIVE NOUN", towns, rivers, stadiums) that no
   model can know, so the answer can only come from the context. Professions, industries, club suffixes and arena
   words are values that both splits use; `synth.split_worlds` divides every other pool between train and eval.
+
+The order of every table is part of the data: the draws follow it, so reordering one changes the generated files.
 """
 
 from __future__ import annotations
