@@ -1,15 +1,12 @@
 """Run small pure functions in persistent worker processes, each call under a hard wall-clock deadline.
 
-math-verify can hang on hostile LaTeX, and its own timeout (`signal.alarm`) works only in the main thread; here a
-call runs in a worker process, which is killed (SIGKILL, effective even inside a C-level big-integer power) when it
-overruns, so the deadline holds from any thread. Workers are fresh interpreters (`sys.executable -c`), never forks
-of the trainer, and not multiprocessing's spawn, which re-imports the trainer's `__main__` (and torch) in each
-child: a worker imports only this file and its job modules. Workers persist across calls and take one call at a
-time; the deadline runs from sending it. Messages are length-prefixed pickles over the worker's stdin/stdout.
-
-Outcomes are reported, never raised: "ok", "error" (the job raised), "timeout" (killed at the deadline), "crash"
-(the worker died). Only workers that cannot start at all raise WorkerStartError. Every worker also answers the
-test jobs "_sleep" (seconds, value), "_crash" (exit code) and "_modules" (its `sys.modules`).
+math-verify can hang on hostile LaTeX and its own timeout (`signal.alarm`) works only in the main thread, so each
+call runs in a worker process that is killed (SIGKILL) when it overruns: the deadline holds from any thread. Workers
+are fresh interpreters (`sys.executable -c`), neither forks of the trainer nor multiprocessing's spawn (which
+re-imports the trainer's `__main__`, and torch), and import only this file and their job modules. They persist
+across calls and take one call at a time, its deadline running from when it is sent; messages are length-prefixed
+pickles over their stdin/stdout. Outcomes are reported, never raised; only workers that cannot start at all raise
+WorkerStartError.
 """
 
 from __future__ import annotations
@@ -46,7 +43,8 @@ class WorkerStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What became of one call: status is "ok", "error", "timeout" or "crash"."""
+    """What became of one call: status "ok", "error" (the job raised), "timeout" (killed at the deadline) or
+    "crash" (the worker died during the call)."""
 
     status: str
     value: Any = None  # the return value ("ok") or the error message ("error")
@@ -68,10 +66,8 @@ class _Worker:
     """One worker process as the parent sees it."""
 
     def __init__(self, modules: tuple[str, ...]) -> None:
-        code = (
-            f"import sys; sys.path.insert(0, {ROOT!r}); "
-            f"from grading import deadline; deadline.worker_main({modules!r})"
-        )
+        code = (f"import sys; sys.path.insert(0, {ROOT!r}); "
+                f"from grading import deadline; deadline.worker_main({modules!r})")
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.fd_out = self.proc.stdout.fileno()  # type: ignore[union-attr]  # results arrive here
         self.fd_in = self.proc.stdin.fileno()  # type: ignore[union-attr]  # calls are sent here
@@ -85,22 +81,19 @@ class _Worker:
     def read_messages(self) -> tuple[list[Any], bool]:
         """Drain the pipe; return the complete messages and whether the worker has closed it (died)."""
         eof = False
-        while True:
-            try:
-                chunk = os.read(self.fd_out, _READ_CHUNK)
-            except BlockingIOError:
-                break
-            if not chunk:
-                eof = True
-                break
-            self.buffer += chunk
+        try:
+            while chunk := os.read(self.fd_out, _READ_CHUNK):
+                self.buffer += chunk
+            eof = True  # an empty read: the worker closed its end
+        except BlockingIOError:
+            pass  # nothing more to read for now
         messages = []
         while len(self.buffer) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self.buffer)
-            if len(self.buffer) < _HEADER.size + size:
+            end = _HEADER.size + _HEADER.unpack_from(self.buffer)[0]
+            if len(self.buffer) < end:
                 break
-            messages.append(pickle.loads(bytes(self.buffer[_HEADER.size : _HEADER.size + size])))
-            del self.buffer[: _HEADER.size + size]
+            messages.append(pickle.loads(bytes(self.buffer[_HEADER.size : end])))
+            del self.buffer[:end]
         return messages, eof
 
     def stop(self, grace_s: float = 0.0) -> None:
@@ -273,17 +266,12 @@ def _exit_when_orphaned(parent_pid: int) -> None:
             os._exit(0)
 
 
-def _test_sleep(seconds: float, value: Any = True) -> Any:
-    time.sleep(seconds)
-    return value
-
-
-def _test_crash(code: int = 1) -> None:
-    os._exit(code)
-
-
-def _test_modules() -> list[str]:
-    return sorted(sys.modules)
+# Jobs every worker answers, so that tests can provoke a hang and a crash, and see what a worker imported.
+_TEST_JOBS: dict[str, Callable[..., Any]] = {
+    "_sleep": lambda seconds, value=True: time.sleep(seconds) or value,
+    "_crash": lambda code=1: os._exit(code),
+    "_modules": lambda: sorted(sys.modules),
+}
 
 
 def worker_main(modules: Sequence[str]) -> None:
@@ -300,7 +288,7 @@ def worker_main(modules: Sequence[str]) -> None:
         if hasattr(job_module, "warm_up"):
             job_module.warm_up()  # first-use costs are paid before the first deadline starts
         jobs.update(getattr(job_module, "WORKER_JOBS", {}))
-    jobs.update({"_sleep": _test_sleep, "_crash": _test_crash, "_modules": _test_modules})
+    jobs.update(_TEST_JOBS)
     _write_all(fd_out, _frame(("ready", os.getpid())))
     while True:
         header = _read_exact(fd_in, _HEADER.size)

@@ -1,18 +1,13 @@
 r"""When are two answers the same? Answer equivalence for CANOE's accuracy reward, graded under a hard deadline.
 
-1. CANOE accuracy (the original's `accuracy_reward`): two answer spans are equivalent if they are the same string
-   or math-verify proves them equal, `verify(gold, pred)`, gold first. math-verify only sees spans that read as
-   math (`reads_as_text` has one rule for each way math-verify 0.9.0 makes different texts equal: letter runs as
-   products, lower-cased symbols, numbers split by a space added, dates and ranges as subtraction, times as
-   division, dropped primes and unknown commands, power towers and deep nesting that take hours); the rest is
-   compared as strings. A math span is parsed whole, never in part. Plain numbers and fractions, and sets and
-   intervals of them, are compared exactly in the caller's process (`settle_locally`), which is stricter than
-   math-verify's rounding to 6 decimal places.
-2. `MathGrader`: the parallel front end the trainer uses, for this grader and the R1-Zero one (`r1_grader.py`).
-   Math-looking pairs go to worker processes (`deadline.DeadlinePool`) importing `WORKER_MODULES` (sympy and
-   math-verify, never torch); a pair that overruns the deadline or crashes its worker falls back to string match.
-   math-verify's signal-based timeouts are off: they fail outside the main thread, and the worker deadline
-   replaces them.
+1. Two answer spans are equivalent if they are the same string or math-verify proves them equal,
+   `verify(gold, pred)`, gold first (the original's `accuracy_reward`). Only spans that read as math reach
+   math-verify, parsed whole (`reads_as_text` has one rule per way math-verify 0.9.0 makes different texts equal);
+   plain numbers, fractions, and sets and intervals of them are compared exactly here (`settle_locally`).
+2. `MathGrader`, the front end the trainer uses for this grader and `r1_grader.py`, sends the math-looking pairs
+   to worker processes (`deadline.DeadlinePool`) that import sympy and math-verify, never torch; a pair that
+   overruns the deadline or crashes its worker falls back to string match. math-verify's own signal-based
+   timeouts are off (`None`): they fail outside the main thread.
 """
 
 from __future__ import annotations

@@ -194,11 +194,7 @@ class _SympyParser:
             numerator = self.atom()
             return numerator / self.atom()
         if token == "\\sqrt":
-            index: sympy.Expr = sympy.Integer(2)
-            if self.peek() == "[":
-                self.take()
-                index = self.sum()
-                self.take("]")
+            index = self.atom() if self.peek() == "[" else sympy.Integer(2)  # `[n]` is an atom: `[sum]`
             return sympy.root(self.atom(), index)
         raise _Unparsable(f"unsupported token {token!r}")
 
