@@ -1,29 +1,12 @@
 """Run small pure functions in persistent worker processes, each call under a hard wall-clock deadline.
 
-Why this exists (docs/DESIGN.md, "Rewards"): math-verify can hang or take seconds on hostile LaTeX, and its own
-timeout is `signal.alarm`, which only works in the main thread of the main interpreter. The trainer calls the
-rewards from wherever it likes, so the deadline here works from any thread: the call runs in another process, and
-a process that overruns is killed (SIGKILL reaches it even inside a long C-level big-integer power).
-
-How:
-- Workers are started with `subprocess.Popen([sys.executable, "-c", ...])`, i.e. fork+exec of a fresh interpreter.
-  Nothing is ever forked from the trainer's torch/vLLM/DeepSpeed threads without an immediate exec. We do not use
-  multiprocessing's spawn/forkserver contexts: both re-import the parent's `__main__` in the child, which for the
-  trainer (`canoe.py`) would import torch into every worker. A worker imports only this file and the job modules
-  (for the rewards: `grading.grader`, and `grading.r1_grader` where the R1-Zero reward asks for it; sympy and
-  math-verify).
-- Start-up (~1 s, mostly importing sympy) is paid once: workers persist across calls and are replaced only when
-  one is killed or dies.
-- Each worker gets one call at a time, so an overrun is attributable to exactly one call; its deadline runs from
-  the moment the call is sent. Messages are length-prefixed pickles over the worker's stdin/stdout pipes; the
-  worker moves its real stdout onto stderr first, so a stray print cannot corrupt the channel.
-
-Outcomes are reported, never raised: "ok" (the value), "error" (the job raised; its message), "timeout" (killed
-at the deadline), "crash" (the worker died during the call). Callers decide the fallback and count them.
-Only an environment where workers cannot start at all raises (WorkerStartError), since every answer would be wrong.
-
-Test hooks: every worker also answers the jobs "_sleep" (seconds, value), "_crash" (exit code) and "_modules"
-(its `sys.modules`), so tests can provoke a hang and a crash, and check what a worker imported.
+math-verify can hang on hostile LaTeX and its own timeout (`signal.alarm`) works only in the main thread, so each
+call runs in a worker process that is killed (SIGKILL) when it overruns: the deadline holds from any thread. Workers
+are fresh interpreters (`sys.executable -c`), neither forks of the trainer nor multiprocessing's spawn (which
+re-imports the trainer's `__main__`, and torch), and import only this file and their job modules. They persist
+across calls and take one call at a time, its deadline running from when it is sent; messages are length-prefixed
+pickles over their stdin/stdout. Outcomes are reported, never raised; only workers that cannot start at all raise
+WorkerStartError.
 """
 
 from __future__ import annotations
@@ -47,10 +30,11 @@ from typing import Any, Callable
 logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!I")  # payload length, network byte order
-# The repository root, which a worker puts on its path: the job modules are named as packages ("grading.grader").
+# The repository root, put on a worker's path: job modules are named as packages ("grading.grader").
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _READ_CHUNK = 1 << 16
-_MAX_START_FAILURES = 3  # consecutive workers dying before "ready" => the environment is broken, raise
+_MAX_START_FAILURES = 3  # workers in a row dying before "ready": the environment is broken, so raise
+_STARTUP_TIMEOUT_S = 120.0
 
 
 class WorkerStartError(RuntimeError):
@@ -59,7 +43,8 @@ class WorkerStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What became of one call: status is "ok", "error", "timeout" or "crash"."""
+    """What became of one call: status "ok", "error" (the job raised), "timeout" (killed at the deadline) or
+    "crash" (the worker died during the call)."""
 
     status: str
     value: Any = None  # the return value ("ok") or the error message ("error")
@@ -81,13 +66,11 @@ class _Worker:
     """One worker process as the parent sees it."""
 
     def __init__(self, modules: tuple[str, ...]) -> None:
-        code = (
-            f"import sys; sys.path.insert(0, {ROOT!r}); "
-            f"from grading import deadline; deadline.worker_main({modules!r})"
-        )
+        code = (f"import sys; sys.path.insert(0, {ROOT!r}); "
+                f"from grading import deadline; deadline.worker_main({modules!r})")
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.fd_out = self.proc.stdout.fileno()  # type: ignore[union-attr]  # parent reads results here
-        self.fd_in = self.proc.stdin.fileno()  # type: ignore[union-attr]  # parent writes calls here
+        self.fd_out = self.proc.stdout.fileno()  # type: ignore[union-attr]  # results arrive here
+        self.fd_in = self.proc.stdin.fileno()  # type: ignore[union-attr]  # calls are sent here
         os.set_blocking(self.fd_out, False)
         self.buffer = bytearray()
         self.ready = False
@@ -98,72 +81,56 @@ class _Worker:
     def read_messages(self) -> tuple[list[Any], bool]:
         """Drain the pipe; return the complete messages and whether the worker has closed it (died)."""
         eof = False
-        while True:
-            try:
-                chunk = os.read(self.fd_out, _READ_CHUNK)
-            except BlockingIOError:
-                break
-            if not chunk:
-                eof = True
-                break
-            self.buffer += chunk
+        try:
+            while chunk := os.read(self.fd_out, _READ_CHUNK):
+                self.buffer += chunk
+            eof = True  # an empty read: the worker closed its end
+        except BlockingIOError:
+            pass  # nothing more to read for now
         messages = []
         while len(self.buffer) >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self.buffer)
-            if len(self.buffer) < _HEADER.size + size:
+            end = _HEADER.size + _HEADER.unpack_from(self.buffer)[0]
+            if len(self.buffer) < end:
                 break
-            messages.append(pickle.loads(bytes(self.buffer[_HEADER.size : _HEADER.size + size])))
-            del self.buffer[: _HEADER.size + size]
+            messages.append(pickle.loads(bytes(self.buffer[_HEADER.size : end])))
+            del self.buffer[:end]
         return messages, eof
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                pipe.close()  # type: ignore[union-attr]
-            except OSError:
-                pass  # the other end is gone already; nothing left to flush
-
-    def close_gently(self, wait_s: float) -> None:
-        """Ask the worker to exit (EOF on its stdin), kill it if it does not."""
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Close its stdin (at EOF a worker exits), wait up to `grace_s` seconds, then kill it if it lives."""
         try:
             self.proc.stdin.close()  # type: ignore[union-attr]
         except OSError:
-            pass  # broken pipe: the worker is already gone
+            pass  # broken pipe: the worker is gone already
         try:
-            self.proc.wait(timeout=wait_s)
+            self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            pass
-        self.kill()
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()  # type: ignore[union-attr]
 
 
 def _shutdown(workers: list[_Worker]) -> None:
     for worker in workers:
-        worker.close_gently(wait_s=1.0)
+        worker.stop(grace_s=1.0)
     workers.clear()
 
 
 class DeadlinePool:
     """A persistent pool of worker processes running `WORKER_JOBS[name](*args)` under a deadline.
 
-    `modules` names the job module, or several: each worker imports them in order and merges their
-    `WORKER_JOBS` dicts. A job module may define `warm_up()`, run once per worker before it reports ready.
-
-    `run` may be called from any thread; calls from several threads are serialised.
+    Each worker imports `modules` (one name or several) in order, runs each one's `warm_up()` if it has one, and
+    merges their `WORKER_JOBS` dicts. `run` may be called from any thread; calls are serialised.
     Differs from CANOE (docs/differences.md, D3): symbolic grading runs under a hard deadline in worker processes.
     """
 
-    def __init__(self, modules: str | Sequence[str], workers: int = 2, deadline_s: float = 1.0,
-                 startup_timeout_s: float = 120.0):
+    def __init__(self, modules: str | Sequence[str], workers: int = 2, deadline_s: float = 1.0):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if deadline_s <= 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         self.modules = (modules,) if isinstance(modules, str) else tuple(modules)
         self.deadline_s = deadline_s
-        self.startup_timeout_s = startup_timeout_s
         self._size = workers
         self._lock = threading.Lock()
         self._selector = selectors.DefaultSelector()
@@ -172,82 +139,71 @@ class DeadlinePool:
         self._closed = False
         # Kills the workers when the pool is garbage-collected or the interpreter exits without close().
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
-        for _ in range(workers):
-            self._start_worker()  # they import in parallel, in the background, while the caller goes on
+        self._top_up()  # the workers import in the background while the caller goes on
 
-    def _start_worker(self) -> None:
-        worker = _Worker(self.modules)
-        self._workers.append(worker)
-        self._selector.register(worker.fd_out, selectors.EVENT_READ, worker)
+    def _top_up(self) -> None:
+        while len(self._workers) < self._size:  # after a WorkerStartError the pool may be short
+            worker = _Worker(self.modules)
+            self._workers.append(worker)
+            self._selector.register(worker.fd_out, selectors.EVENT_READ, worker)
 
-    def _retire(self, worker: _Worker) -> None:
-        """Kill a worker and start its replacement."""
+    def _retire(self, worker: _Worker, replace: bool = True) -> None:
+        """Kill a worker and, unless told not to or closed, start its replacement."""
         self._selector.unregister(worker.fd_out)
         self._workers.remove(worker)
-        worker.kill()
-        if not self._closed:
-            self._start_worker()
+        worker.stop()
+        if replace and not self._closed:
+            self._top_up()
 
-    def _worker_died_before_ready(self, worker: _Worker, why: str) -> None:
+    def _failed_start(self, worker: _Worker, why: str) -> None:
         self._start_failures += 1
         logger.warning("grader worker pid %d failed to start (%s)", worker.proc.pid, why)
-        if self._start_failures < _MAX_START_FAILURES:
-            self._retire(worker)
-            return
-        self._selector.unregister(worker.fd_out)
-        self._workers.remove(worker)
-        worker.kill()
-        self._start_failures = 0  # the next run() tries afresh
-        raise WorkerStartError(
-            f"{_MAX_START_FAILURES} worker processes in a row failed to start ({why}); see their stderr above. "
-            f"Is `{', '.join(self.modules)}` importable by {sys.executable}?"
-        )
+        give_up = self._start_failures >= _MAX_START_FAILURES
+        self._retire(worker, replace=not give_up)
+        if give_up:
+            self._start_failures = 0  # the next run() tries afresh
+            raise WorkerStartError(
+                f"{_MAX_START_FAILURES} worker processes in a row failed to start ({why}); see their stderr above. "
+                f"Is `{', '.join(self.modules)}` importable by {sys.executable}?"
+            )
 
     def run(self, calls: list[tuple[str, tuple]]) -> list[Outcome]:
         """Run each `(job_name, args)` once; one Outcome per call, in order."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("DeadlinePool is closed")
-            return self._run(calls)
-
-    def _run(self, calls: list[tuple[str, tuple]]) -> list[Outcome]:
-        outcomes: list[Outcome | None] = [None] * len(calls)
-        pending = deque(range(len(calls)))
-        self._top_up()
-        while pending or any(w.call is not None for w in self._workers):
-            for worker in list(self._workers):
-                if pending and worker.ready and worker.call is None:
-                    index = pending.popleft()
-                    try:
-                        _write_all(worker.fd_in, _frame((index, *calls[index])))
-                    except OSError:  # it died while idle: the call never started, so it is not its fault
-                        pending.appendleft(index)
-                        self._retire(worker)
-                        continue
-                    worker.call, worker.sent_at = index, time.monotonic()
-            self._wait_and_collect(outcomes)
-        return outcomes  # type: ignore[return-value]  # every index was filled before the loop ended
-
-    def _top_up(self) -> None:
-        while len(self._workers) < self._size:  # after a WorkerStartError the pool may be short
-            self._start_worker()
+            outcomes: list[Outcome | None] = [None] * len(calls)
+            pending = deque(range(len(calls)))
+            self._top_up()
+            while pending or any(w.call is not None for w in self._workers):
+                for worker in list(self._workers):
+                    if pending and worker.ready and worker.call is None:
+                        index = pending.popleft()
+                        try:
+                            _write_all(worker.fd_in, _frame((index, *calls[index])))
+                        except OSError:  # it died while idle: the call never started, so it is not its fault
+                            pending.appendleft(index)
+                            self._retire(worker)
+                            continue
+                        worker.call, worker.sent_at = index, time.monotonic()
+                self._wait_and_collect(outcomes)
+            return outcomes  # type: ignore[return-value]  # every index was filled before the loop ended
 
     def _wait_and_collect(self, outcomes: list[Outcome | None]) -> None:
         """Wait for the next message, deadline or start-up limit; record outcomes; kill what overran."""
-        now = time.monotonic()
         wake_at = [w.sent_at + self.deadline_s for w in self._workers if w.call is not None]
-        wake_at += [w.started_at + self.startup_timeout_s for w in self._workers if not w.ready]
-        timeout = max(0.0, min(wake_at) - now) if wake_at else None
+        wake_at += [w.started_at + _STARTUP_TIMEOUT_S for w in self._workers if not w.ready]
+        timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
         for key, _ in self._selector.select(timeout):
             self._receive(key.data, outcomes)
 
-        now = time.monotonic()  # messages that arrived count, even if we read them after the deadline
+        now = time.monotonic()  # messages that arrived count, even if they are read after the deadline
         for worker in list(self._workers):
             if worker.call is not None and now - worker.sent_at > self.deadline_s:
                 outcomes[worker.call] = Outcome("timeout", None, now - worker.sent_at)
                 self._retire(worker)
-            elif not worker.ready and now - worker.started_at > self.startup_timeout_s:
-                self._worker_died_before_ready(worker, f"not ready after {self.startup_timeout_s:.0f} s")
+            elif not worker.ready and now - worker.started_at > _STARTUP_TIMEOUT_S:
+                self._failed_start(worker, f"not ready after {_STARTUP_TIMEOUT_S:.0f} s")
 
     def _receive(self, worker: _Worker, outcomes: list[Outcome | None]) -> None:
         if worker not in self._workers:
@@ -263,7 +219,7 @@ class DeadlinePool:
             worker.call = None
         if eof:
             if not worker.ready:
-                self._worker_died_before_ready(worker, f"exit code {worker.proc.wait()}")
+                self._failed_start(worker, f"exit code {worker.proc.wait()}")
                 return
             if worker.call is not None:
                 outcomes[worker.call] = Outcome("crash", None, time.monotonic() - worker.sent_at)
@@ -277,7 +233,7 @@ class DeadlinePool:
                 self._wait_and_collect([])
 
     def pids(self) -> list[int]:
-        """Process ids of the current workers (for tests and diagnostics)."""
+        """Process ids of the current workers."""
         return [w.proc.pid for w in self._workers]
 
     def close(self) -> None:
@@ -303,30 +259,25 @@ def _read_exact(fd: int, size: int) -> bytes | None:
 
 
 def _exit_when_orphaned(parent_pid: int) -> None:
-    # A worker busy in a hang would never see EOF on stdin; if the trainer dies, do not linger.
+    # A worker stuck in a hang never sees EOF on stdin; if the trainer dies, it must not linger.
     while True:
         time.sleep(1.0)
         if os.getppid() != parent_pid:
             os._exit(0)
 
 
-def _test_sleep(seconds: float, value: Any = True) -> Any:
-    time.sleep(seconds)
-    return value
-
-
-def _test_crash(code: int = 1) -> None:
-    os._exit(code)
-
-
-def _test_modules() -> list[str]:
-    return sorted(sys.modules)
+# Jobs every worker answers, so that tests can provoke a hang and a crash, and see what a worker imported.
+_TEST_JOBS: dict[str, Callable[..., Any]] = {
+    "_sleep": lambda seconds, value=True: time.sleep(seconds) or value,
+    "_crash": lambda code=1: os._exit(code),
+    "_modules": lambda: sorted(sys.modules),
+}
 
 
 def worker_main(modules: Sequence[str]) -> None:
     """Entry point of a worker process: import the job modules, then answer calls from stdin until EOF."""
     fd_in, fd_out = os.dup(0), os.dup(1)
-    os.dup2(2, 1)  # anything printed by the job code goes to stderr, never into the result channel
+    os.dup2(2, 1)  # what the job code prints goes to stderr, never into the result channel
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
@@ -337,15 +288,13 @@ def worker_main(modules: Sequence[str]) -> None:
         if hasattr(job_module, "warm_up"):
             job_module.warm_up()  # first-use costs are paid before the first deadline starts
         jobs.update(getattr(job_module, "WORKER_JOBS", {}))
-    jobs.update({"_sleep": _test_sleep, "_crash": _test_crash, "_modules": _test_modules})
+    jobs.update(_TEST_JOBS)
     _write_all(fd_out, _frame(("ready", os.getpid())))
     while True:
         header = _read_exact(fd_in, _HEADER.size)
-        if header is None:
-            return  # parent closed the pipe: shut down
-        payload = _read_exact(fd_in, _HEADER.unpack(header)[0])
+        payload = None if header is None else _read_exact(fd_in, _HEADER.unpack(header)[0])
         if payload is None:
-            return
+            return  # the parent closed the pipe: shut down
         index, name, args = pickle.loads(payload)
         try:
             reply = (index, "ok", jobs[name](*args))

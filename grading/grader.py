@@ -1,31 +1,13 @@
 r"""When are two answers the same? Answer equivalence for CANOE's accuracy reward, graded under a hard deadline.
 
-Two parts, one concern (deciding equivalence); `rewards.py` turns the verdicts into rewards.
-
-1. CANOE accuracy (the original's `accuracy_reward`, `code/train/src/open_r1/grpo.py`; docs/DESIGN.md,
-   "Rewards"): two answer spans are equivalent if they are the same string, or if they are mathematically equal,
-   decided by math-verify as `verify(gold, pred)`, gold first.
-   Symbolic checking must never make two different texts equal, so math-verify only sees spans that read as
-   math; everything else is decided by exact string match. `reads_as_text` holds the rules, one for each way
-   math-verify 0.9.0 makes different texts equal (docs/DESIGN.md, "Environment notes"): it turns letter runs into
-   products (`no` == `on`, `ab` == `ba`), lower-cases symbols (`A+1` == `a+1`), adds numbers split by a space
-   (`3 4` == 7), reads dates and ranges as subtraction (`1914-1918` == `1939-1943`), times and scores as division
-   (`10:30` == 1/3), drops primes and quotes, keeps the argument of commands it does not know (`\mbox{5}` == 5),
-   and spends seconds to hours on power towers and deep nesting. Math-looking spans are parsed whole (LaTeX, with
-   or without `$`): a span that does not parse as one expression never passes (`2\sqrt{2}` vs `2`).
-   Plain numbers and fractions, and sets and intervals of them, are compared exactly in the caller's process
-   (`settle_locally`), without math-verify; that is where most of the speed comes from, and it is stricter than
-   math-verify, which rounds floats to 6 decimal places.
-   Accuracy never turns words into symbols (`reads_as_text`).
-
-2. `MathGrader`: the parallel, hard-deadline front end the trainer uses, for this grader and for the R1-Zero one
-   (`r1_grader.py`). The cheap text/math decision runs in the caller's process; only math-looking pairs travel
-   to worker processes (`deadline.DeadlinePool`), which import the modules of `WORKER_MODULES` (sympy and
-   math-verify) but never torch. A pair that overruns the deadline or crashes its worker falls back to exact
-   string match and is counted in `MathGrader.timeouts`.
-
-Math-verify's own signal-based timeouts are switched off (`parsing_timeout=None`, `timeout_seconds=None`):
-they fail outside the main thread, and the worker deadline replaces them.
+1. Two answer spans are equivalent if they are the same string or math-verify proves them equal,
+   `verify(gold, pred)`, gold first (the original's `accuracy_reward`). Only spans that read as math reach
+   math-verify, parsed whole (`reads_as_text` has one rule per way math-verify 0.9.0 makes different texts equal);
+   plain numbers, fractions, and sets and intervals of them are compared exactly here (`settle_locally`).
+2. `MathGrader`, the front end the trainer uses for this grader and `r1_grader.py`, sends the math-looking pairs
+   to worker processes (`deadline.DeadlinePool`) that import sympy and math-verify, never torch; a pair that
+   overruns the deadline or crashes its worker falls back to string match. math-verify's own signal-based
+   timeouts are off (`None`): they fail outside the main thread.
 """
 
 from __future__ import annotations
@@ -75,17 +57,7 @@ _TEXT_PATTERNS = re.compile(  # searched in the span with every command name rep
 )
 # Shapes no short answer has, on which math-verify spends seconds to hours (latex2sympy evaluates the tower):
 _POWER_TOWER = re.compile(r"\d\s*\^\s*\{?\s*[-+]?\d+\s*\^")  # `9^{9^{9}}`, `10^{10^{10}}`
-MAX_NESTING = 8  # bracket depth; 300 nested parentheses take math-verify ~6 s
-
-
-def _strip_outer(span: str) -> str:
-    """Remove one pair of math delimiters or one `\\boxed{...}` enclosing the whole span."""
-    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
-        if len(span) >= len(left) + len(right) and span.startswith(left) and span.endswith(right):
-            return span[len(left) : len(span) - len(right)].strip()
-    if span.startswith("\\boxed{") and matching_brace(span, len("\\boxed")) == len(span) - 1:
-        return span[len("\\boxed{") : -1].strip()
-    return span
+MAX_NESTING = 8  # bracket depth
 
 
 def matching_brace(text: str, open_at: int) -> int | None:
@@ -101,9 +73,18 @@ def matching_brace(text: str, open_at: int) -> int | None:
     return None
 
 
+def bracket_depths(text: str) -> list[int]:
+    """The bracket depth after each character of `text`: `([{` open, `)]}` close."""
+    depths, depth = [], 0
+    for char in text:
+        depth += (char in "([{") - (char in ")]}")
+        depths.append(depth)
+    return depths
+
+
 def _without_commands(span: str) -> str:
-    # Command names are not words (`\frac`), environment names neither. "#" keeps neighbours apart without
-    # looking like a space, a letter or a digit: `\sqrt2` is not "t2", and `2\sqrt 2` is not "2 2".
+    # Command and environment names are not words (`\frac`). "#" keeps neighbours apart without looking like a
+    # space, a letter or a digit: `\sqrt2` is not "t2", and `2\sqrt 2` is not "2 2".
     return _COMMAND.sub("#", _MATRIX_ENV.sub("#", span))
 
 
@@ -118,8 +99,15 @@ def has_word(span: str) -> bool:
 
 
 def prepare_span(span: str) -> str:
-    """The form of an answer span that math-verify would see (outer delimiters removed)."""
-    return _strip_outer(span.strip())
+    """The form of an answer span that math-verify would see: stripped, without one pair of math delimiters or
+    one `\\boxed{...}` enclosing it whole."""
+    span = span.strip()
+    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if len(span) >= len(left) + len(right) and span.startswith(left) and span.endswith(right):
+            return span[len(left) : len(span) - len(right)].strip()
+    if span.startswith("\\boxed{") and matching_brace(span, len("\\boxed")) == len(span) - 1:
+        return span[len("\\boxed{") : -1].strip()
+    return span
 
 
 def reads_as_text(span: str) -> bool:
@@ -137,18 +125,7 @@ def reads_as_text(span: str) -> bool:
     bare = _without_commands(span)
     if _LETTER_RUN.search(bare) or _TEXT_PATTERNS.search(bare):
         return True
-    return bool(_POWER_TOWER.search(span)) or _nesting_depth(span) > MAX_NESTING
-
-
-def _nesting_depth(text: str) -> int:
-    depth = deepest = 0
-    for char in text:
-        if char in "([{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in ")]}":
-            depth -= 1
-    return deepest
+    return bool(_POWER_TOWER.search(span)) or max(bracket_depths(span)) > MAX_NESTING
 
 
 def _letters(span: str) -> frozenset[str]:
@@ -156,16 +133,13 @@ def _letters(span: str) -> frozenset[str]:
 
 
 def needs_math_verify(gold: str, pred: str) -> bool:
-    """Whether two prepared, different spans should go to math-verify at all.
-
-    Both must read as math and use the same letters, case-sensitively: math-verify lower-cases symbols, so
-    without this `A+1` would equal `a+1`.
-    """
+    """Whether two prepared, different spans should go to math-verify at all: both read as math and use the same
+    letters, case-sensitively (math-verify lower-cases symbols: `A+1` would equal `a+1`)."""
     return not reads_as_text(gold) and not reads_as_text(pred) and _letters(gold) == _letters(pred)
 
 
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+")  # 42, -0.5, 1,000.25
-_PLAIN_FRACTION = re.compile(r"([+-]?)\\[dt]?frac\{(\d+)\}\{(\d+)\}|([+-]?\d+)\s*/\s*(\d+)")  # \frac{1}{2}, 1/2
+_PLAIN_FRACTION = re.compile(r"([+-]?)(?:\\[dt]?frac\{(\d+)\}\{(\d+)\}|(\d+)\s*/\s*(\d+))")  # \frac{1}{2}, -1/2
 
 
 def _rational(text: str) -> Fraction | None:
@@ -176,19 +150,15 @@ def _rational(text: str) -> Fraction | None:
     match = _PLAIN_FRACTION.fullmatch(text)
     if match is None:
         return None
-    if match.group(2) is not None:
-        numerator, denominator = int(match.group(2)), int(match.group(3))
-        numerator = -numerator if match.group(1) == "-" else numerator
-    else:
-        numerator, denominator = int(match.group(4)), int(match.group(5))
-    return None if denominator == 0 else Fraction(numerator, denominator)
+    sign, *digits = match.groups()
+    numerator, denominator = (int(d) for d in digits if d is not None)
+    return None if denominator == 0 else Fraction(-numerator if sign == "-" else numerator, denominator)
 
 
 def _rational_structure(span: str) -> tuple[str, object] | None:
     """("number", value), ("set", values) or ("pair", (brackets, a, b)) for spans made only of plain numbers,
     read as math-verify reads them: `\\{..\\}` and bare lists are sets; `(a, b]` is an interval if a < b and a
-    tuple otherwise, and either way two such pairs are equal iff their brackets and elements are. Anything else
-    (longer tuples, nesting, symbols): None."""
+    tuple otherwise, equal to another pair iff brackets and elements are. Anything else: None."""
     value = _rational(span)
     if value is not None:
         return "number", value
@@ -210,9 +180,7 @@ def settle_locally(gold: str, pred: str) -> bool | None:
     """The verdict for two prepared spans when it needs no math-verify, else None.
 
     Identical spans are equal; text (see `reads_as_text`) equals only itself. Plain numbers and fractions
-    (`1,000`, `-0.50`, `\\frac{3}{4}`, `3/4`), and sets and intervals made of them, are compared here, exactly,
-    in microseconds; math-verify needs milliseconds, and ~20 ms for a set or an interval. Exactness is stricter
-    than math-verify, which rounds floats to 6 places (it calls 0.1234561 and 0.1234564 equal).
+    (`1,000`, `-0.50`, `\\frac{3}{4}`, `3/4`), and sets and intervals of them, are compared here, exactly.
 
     >>> settle_locally("\\\\frac{1}{2}", "0.5"), settle_locally("(1, 2]", "(1,2)"), settle_locally("x+1", "1+x")
     (True, False, None)
@@ -227,26 +195,19 @@ def settle_locally(gold: str, pred: str) -> bool | None:
     return gold_structure == pred_structure
 
 
-_WHOLE_SPAN_LATEX = LatexExtractionConfig(
-    boxed_match_priority=-1,  # a \boxed inside a longer span must not be graded alone
-    normalization_config=NormalizationConfig(
-        basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="none", equations=False
-    ),  # units=False: math-verify would delete `m`, `s`, ... and `5 m` would equal `5 s`
-)
+# boxed_match_priority=-1: a \boxed inside a longer span must not be graded alone. units=False: math-verify would
+# delete `m`, `s`, ... and `5 m` would equal `5 s`.
+_WHOLE_SPAN_LATEX = LatexExtractionConfig(boxed_match_priority=-1, normalization_config=NormalizationConfig(
+    basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="none", equations=False))
 
 
 @functools.lru_cache(maxsize=4096)  # per worker: a group's gold is parsed once, not once per completion
 def _math_verify_whole(span: str) -> list:
     """Parse the whole span as one LaTeX expression with math-verify; [] if it does not parse as a whole."""
-    # `$...$` makes the whole span the only candidate; first_match stops math-verify from falling back to a
-    # smaller piece of it when the whole does not parse (the partial parse that made `2\sqrt{2}` equal 2).
-    return parse(
-        f"${span}$",
-        extraction_config=[_WHOLE_SPAN_LATEX],
-        fallback_mode="no_fallback",
-        extraction_mode="first_match",
-        parsing_timeout=None,  # type: ignore[arg-type]  # the worker deadline replaces the signal-based timeout
-    )
+    # `$...$` makes the whole span the only candidate, and first_match stops math-verify from falling back to a
+    # smaller piece of it when the whole does not parse (`2\sqrt{2}` would equal 2).
+    return parse(f"${span}$", extraction_config=[_WHOLE_SPAN_LATEX], fallback_mode="no_fallback",
+                 extraction_mode="first_match", parsing_timeout=None)  # type: ignore[arg-type]
 
 
 def canoe_math_equal(gold: str, pred: str) -> bool:
@@ -259,47 +220,39 @@ def canoe_math_equal(gold: str, pred: str) -> bool:
 # ============================================================================ 2. MathGrader: parallel, deadline
 
 WORKER_JOBS = {"canoe": canoe_math_equal}  # what grading workers may run from this module
-# The modules a grading worker imports, running their `warm_up()` and taking their WORKER_JOBS: CANOE's rewards need
-# this one only; the R1-Zero reward's grader (which imports this module, so it is named, not imported) on request.
+# The modules a grading worker imports (running their `warm_up()`, taking their WORKER_JOBS): CANOE's rewards need
+# this one only; R1-Zero's grader (which imports this module, so it is named, not imported) only on request.
 WORKER_MODULES = ("grading.grader",)
 R1_WORKER_MODULES = (*WORKER_MODULES, "grading.r1_grader")
-# Pairs each worker grades before it reports ready, in every module's `warm_up`.
 WARM_UP_PAIRS = [("\\frac{1}{2}", "0.5"), ("x^2-1", "(x-1)(x+1)"), ("\\sqrt{8}", "2\\sqrt{2}"), ("120", "5!"),
                  ("(1,2)", "[1,2)")]
 
 
 def warm_up() -> None:
-    """Run once in each worker before it reports ready. math-verify compiles its regexes and sympy imports its
-    polynomial and radical code on first use (up to ~0.3 s); that must not count against a sample's deadline."""
+    """Run once in each worker before it reports ready, so that first-use costs (math-verify compiling its
+    regexes, sympy importing its polynomial code) do not count against a pair's deadline."""
     for gold, pred in WARM_UP_PAIRS:
         canoe_math_equal(gold, pred)
 
 
-def _quiet_math_verify() -> None:
-    # math-verify warns once per process that its own timeout is off; that is deliberate here.
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-
-
-_quiet_math_verify()
+# math-verify warns once per process that its own timeout is off; that is deliberate here.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
 class MathGrader:
     """Grade answer-span pairs in parallel worker processes, each pair under a hard deadline.
 
     Usage: `with MathGrader(workers=2, deadline_s=1.0) as grader: grader.equivalent_batch(golds, preds)`.
-    Workers start in the background on construction and persist until `close()`.
-
-    Counters (cumulative, for the trainer to log as per-step deltas):
-      timeouts -- graded pairs that hit the deadline or crashed their worker (the worker is replaced, the pair
-                  falls back to exact string match). Identical pairs in one batch are graded once, counted once.
-      errors   -- pairs whose grading raised inside the worker (also string match); the first one is a
-                  RuntimeWarning with the exception, and the trainer logs the count as reward/grader_errors.
-      slowest_s -- the longest time any single pair took, timeouts included.
+    Workers start in the background on construction and persist until `close()`. Cumulative counters:
+      timeouts -- pairs that hit the deadline or crashed their worker (identical pairs of a batch count once)
+      errors   -- pairs whose grading raised in the worker; the first one is also a RuntimeWarning
+      slowest_s -- the longest time any single pair took, timeouts included
+    Either way the pair falls back to exact string match.
     """
 
     def __init__(self, workers: int = 2, deadline_s: float = 1.0, r1: bool = False):
         self.deadline_s = deadline_s
-        self.r1 = r1  # the workers also run r1_grader's job (`r1_equivalent`), and import and warm it
+        self.r1 = r1  # the workers also import and warm r1_grader, for `r1_equivalent`
         self._pool = DeadlinePool(R1_WORKER_MODULES if r1 else WORKER_MODULES, workers=workers, deadline_s=deadline_s)
         self.timeouts = 0
         self.errors = 0
@@ -328,12 +281,11 @@ class MathGrader:
         return verdicts
 
     def wait_ready(self) -> None:
-        """Block until all workers have started (~1-2 s after construction); optional, e.g. before timing."""
+        """Block until all workers have started; optional, e.g. before timing."""
         self._pool.wait_ready()
 
     def r1_equivalent(self, gold: str, pred: str, fast: bool) -> bool:
-        """The worker part of `r1_grader.r1_grade` (sympy, plus math-verify when not fast); False on timeout. Needs
-        a grader made with `r1=True`."""
+        """The worker part of `r1_grader.r1_grade`; False on timeout. Needs a grader made with `r1=True`."""
         if not self.r1:
             raise ValueError("this MathGrader's workers do not load r1_grader: make it with MathGrader(r1=True)")
         return self._run("r1", [(gold, pred, fast)], [False])[0]
@@ -374,11 +326,8 @@ _default_lock = threading.Lock()
 
 
 def default_grader() -> MathGrader:
-    """The process-wide MathGrader (2 workers, 1 s deadline, R1-Zero's job too), created on first use and closed at
-    exit.
-
-    Rewards use it when no `grader=` is passed; the trainer passes its own to control workers and deadline.
-    """
+    """The process-wide MathGrader (2 workers, 1 s deadline, R1-Zero's job too), made on first use, closed at exit.
+    Rewards use it when no `grader=` is passed."""
     global _default_grader
     with _default_lock:
         if _default_grader is None:

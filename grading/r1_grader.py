@@ -1,21 +1,16 @@
 r"""R1-Zero grading: is a model's math answer equal to the ground truth? The grader behind `r1_zero_reward_fn`.
 
-The rules are those of understand-r1-zero's grader (Liu et al. 2025, "Understanding R1-Zero-Like Training",
-arXiv 2503.20783; its `r1_zero_reward_fn` calls `grade(model_answer, ground_truth, fast)`), written here from its
-description, not copied; docs/DESIGN.md, "The R1-Zero math reward", lists them:
-
-1. MATH-style normalisation (`normalize_math_answer`), compared as strings.
-2. Exact sympy equivalence built by our own small parser (`sympy_equivalent`: no `eval`, no numeric tolerance,
-   decimals are exact rationals, so integers never equal non-integers; tuples and intervals compare element-wise
-   with matching brackets).
-3. With fast=False, math-verify's own reading of both answers (`r1_latex_equal`).
-
-Steps 2 and 3 can take seconds on hostile input, so they run in `grader.MathGrader`'s worker processes under its
-deadline (`r1_worker_equal`, the job "r1" of `WORKER_JOBS`); `r1_grade` does step 1 in the caller's process and
-sends the rest there. This module is imported by those workers, so it must never import torch.
+The rules of understand-r1-zero's `grade(model_answer, ground_truth, fast)` (Liu et al. 2025, arXiv 2503.20783),
+written from its description (docs/DESIGN.md, "The R1-Zero math reward"): 1. MATH-style normalisation, compared as
+strings (`normalize_math_answer`); 2. exact sympy equivalence by our own small parser (`sympy_equivalent`: no
+`eval`, no numeric tolerance, tuples and intervals element-wise with matching brackets); 3. with fast=False,
+math-verify's reading of both answers (`r1_latex_equal`). `r1_grade` does step 1 in the caller's process; steps 2
+and 3 can take seconds on hostile input, so they run in `grader.MathGrader`'s workers under its deadline (the job
+"r1"), and this module must never import torch.
 
 Differs from the well-known implementation (docs/differences.md, D18) where its worked cases
-(tests/cases/r1_zero_cases.json) call it wrong.
+(tests/cases/r1_zero_cases.json) call it wrong: a root's index and a numerator's braces are kept (`_SympyParser`),
+and `\fbox` is a box like `\boxed` (`last_boxed`).
 """
 
 from __future__ import annotations
@@ -25,7 +20,8 @@ import re
 import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from grading.grader import WARM_UP_PAIRS, MathGrader, default_grader, has_word, matching_brace, only_known_commands
+from grading.grader import (WARM_UP_PAIRS, MathGrader, bracket_depths, default_grader, has_word, matching_brace,
+                            only_known_commands)
 
 MAX_R1_CHARS = 1000  # longer answers are compared as stripped strings: normalising them is not linear-time
 
@@ -107,10 +103,7 @@ class _SympyParser:
 
     Grammar: sum := product (('+'|'-') product)* ; product := signed ((op | implicit) signed)* ;
     signed := ('-'|'+') signed | power ; power := atom ('^' atom)? ; atom := number | letter | \\pi | \\infty
-    | (sum) | {sum} | \\frac{..}{..} | \\sqrt[n]{..}. Braces are kept, so \\frac{1+3}{2} is 2, never 2.5.
-
-    Differs from the well-known implementation (docs/differences.md, D18): a root's index and a numerator's braces
-    are kept.
+    | (sum) | {sum} | \\frac atom atom | \\sqrt[n]? atom. Braces are kept, so \\frac{1+3}{2} is 2, never 2.5.
     """
 
     def __init__(self, text: str):
@@ -183,14 +176,6 @@ class _SympyParser:
             raise _Unparsable("symbolic power too large to expand")
         return base**exponent
 
-    def group(self) -> sympy.Expr:
-        if self.peek() == "{":
-            self.take()
-            value = self.sum()
-            self.take("}")
-            return value
-        return self.atom()
-
     def atom(self) -> sympy.Expr:
         token = self.take()
         if token[0].isdigit() or token[0] == ".":
@@ -206,46 +191,25 @@ class _SympyParser:
         if token == "\\infty":
             return sympy.oo
         if token == "\\frac":
-            numerator = self.group()
-            return numerator / self.group()
+            numerator = self.atom()
+            return numerator / self.atom()
         if token == "\\sqrt":
-            index: sympy.Expr = sympy.Integer(2)
-            if self.peek() == "[":
-                self.take()
-                index = self.sum()
-                self.take("]")
-            return sympy.root(self.group(), index)
+            index = self.atom() if self.peek() == "[" else sympy.Integer(2)  # `[n]` is an atom: `[sum]`
+            return sympy.root(self.atom(), index)
         raise _Unparsable(f"unsupported token {token!r}")
 
 
 def _split_top_level(text: str) -> list[str]:
     """Split at commas outside brackets; `(1,2),(3,4)` -> ['(1,2)', '(3,4)']."""
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return parts
-
-
-def _enclosed(text: str) -> bool:
-    """True if the bracket opening `text` closes at its last character: `(4,5]` yes, `(1,2),(3,4)` no."""
-    depth = 0
-    for i, char in enumerate(text):
-        depth += (char in "([{") - (char in ")]}")
-        if depth == 0:
-            return i == len(text) - 1
-    return False
+    cuts = [i for i, (char, depth) in enumerate(zip(text, bracket_depths(text))) if char == "," and depth == 0]
+    return [text[start + 1 : end] for start, end in zip([-1, *cuts], [*cuts, len(text)])]
 
 
 def _as_sequence(text: str) -> tuple[str, list[str]]:
-    """(bracket pair, elements) for tuples and intervals like `(4,5]`; ('', [text]) for a single value."""
-    if len(text) > 2 and text[0] in "([" and text[-1] in ")]" and _enclosed(text):
+    """(bracket pair, elements) for tuples and intervals like `(4,5]`; ('', elements) otherwise."""
+    depths = bracket_depths(text)
+    # enclosed: the bracket that opens the text closes at its end (`(4,5]`, not `(1,2),(3,4)`)
+    if len(text) > 2 and text[0] in "([" and text[-1] in ")]" and depths[-1] == 0 and 0 not in depths[:-1]:
         inner = _split_top_level(text[1:-1])
         if len(inner) > 1:
             return text[0] + text[-1], inner
@@ -285,33 +249,21 @@ _LATEX_THEN_EXPRESSION = [LatexExtractionConfig(), ExprExtractionConfig()]  # ma
 
 
 def r1_latex_equal(gold: str, pred: str) -> bool:
-    """Worker job (r1_zero with fast=False): math-verify's own reading of each answer, LaTeX first.
-
-    Each side is wrapped in `$...$` unless it has one; math-verify then tries LaTeX, and failing that the last
-    number-like expression (so `She sold 72 clips.` reads as 72, while `5 dollars` parses as a product, not 5).
+    """Worker job (fast=False): math-verify's own reading of each answer, wrapped in `$...$` unless it has one:
+    LaTeX first, else the last number-like expression (`She sold 72 clips.` reads as 72, `5 dollars` as a product).
     """
     def read(text: str) -> list:
         text = text if "$" in text else f"${text}$"
-        return parse(
-            text,
-            extraction_config=_LATEX_THEN_EXPRESSION,
-            fallback_mode="no_fallback",
-            parsing_timeout=None,  # type: ignore[arg-type]  # the worker deadline replaces the signal timeout
-        )
+        # parsing_timeout=None: the worker deadline replaces math-verify's signal-based timeout
+        return parse(text, extraction_config=_LATEX_THEN_EXPRESSION, fallback_mode="no_fallback",
+                     parsing_timeout=None)  # type: ignore[arg-type]
 
     gold_parsed, pred_parsed = read(gold), read(pred)
     return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
-def r1_latex_candidate(text: str) -> bool:
-    """Whether an answer may go to math-verify in r1_latex_equal: short, and only LaTeX commands we know."""
-    return 0 < len(text) <= MAX_R1_CHARS and only_known_commands(text)
-
-
 def last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` or `\\fbox{...}`; None if it has no balanced braces.
-
-    Differs from the well-known implementation (docs/differences.md, D18): `\\fbox` is a box like `\\boxed`.
 
     >>> last_boxed("\\\\boxed{3} or \\\\boxed{\\\\frac{1}{2}}"), last_boxed("\\\\boxed{123")
     ('\\\\frac{1}{2}', None)
@@ -328,21 +280,23 @@ def last_boxed(text: str) -> str | None:
     return None if end is None else text[brace + 1 : end]
 
 
+def _latex_candidate(text: str) -> bool:
+    return 0 < len(text) <= MAX_R1_CHARS and only_known_commands(text)
+
+
 def r1_worker_equal(gold: str, pred: str, fast: bool) -> bool:
-    """Worker job for r1_grade: exact sympy equivalence, then (fast=False) math-verify's reading."""
+    """Worker job for r1_grade: exact sympy equivalence, then (fast=False) math-verify's reading of short answers
+    with only known LaTeX commands."""
     if sympy_equivalent(normalize_math_answer(pred), normalize_math_answer(gold)):
         return True
     gold, pred = gold.strip(), pred.strip()
-    return not fast and r1_latex_candidate(gold) and r1_latex_candidate(pred) and r1_latex_equal(gold, pred)
+    return not fast and _latex_candidate(gold) and _latex_candidate(pred) and r1_latex_equal(gold, pred)
 
 
 def r1_grade(model_answer: str, ground_truth: str, fast: bool = True, grader: MathGrader | None = None) -> bool:
     """The grade of `r1_zero_reward_fn` (its step 5): the normalised strings match, or sympy shows them equal, or
-    (fast=False) math-verify does.
-
-    The string check runs here; sympy and math-verify run in `grader`'s workers (default: `default_grader()`)
-    under its deadline, because both can take seconds on hostile input (`(x+1)^{32}(y+1)^{32}` expands for
-    ~8 s). A timeout counts as not equal. Answers over MAX_R1_CHARS are compared as stripped strings.
+    (fast=False) math-verify does. Sympy and math-verify run in `grader`'s workers (default: `default_grader()`);
+    a timeout counts as not equal. Answers over MAX_R1_CHARS are compared as stripped strings.
     """
     if "\\boxed" in ground_truth or "\\fbox" in ground_truth:
         ground_truth = last_boxed(ground_truth) or ground_truth
@@ -362,7 +316,6 @@ WORKER_JOBS = {"r1": r1_worker_equal}  # what grading workers may run from this 
 
 
 def warm_up() -> None:
-    """Run once in each worker before it reports ready: sympy imports its polynomial and radical code and
-    math-verify compiles its regexes on first use (up to ~0.3 s), which must not count against a deadline."""
+    """Run once in each worker before it reports ready (see `grader.warm_up`)."""
     for gold, pred in WARM_UP_PAIRS:
         r1_worker_equal(gold, pred, fast=False)

