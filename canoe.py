@@ -210,8 +210,7 @@ def train_step(run: Run) -> Step:
     #    change while training on this rollout: π_ref (for the KL) and π_old (the policy that sampled, for ρ).
     micro = micro_batches(run, sampled, advantages, kept)
     totals = loss_denominators(kept, micro)  # None: no rank kept a sequence (only under a DAPO mask)
-    reference_logprobs(run, micro, totals)
-    old_logprobs(run, micro, totals)
+    fixed_logprobs(run, micro, totals)
 
     # 5. π_θ, the loss and its backward per micro-batch; DeepSpeed applies the update at the last one.
     losses = update(run, micro, totals)
@@ -297,31 +296,26 @@ def loss_denominators(kept: torch.Tensor, batches: list[Batch]) -> dict[str, flo
     return {"total_sequences": sequences, "total_tokens": max(tokens, 1.0)} if sequences else None
 
 
-@timed("ref_logprobs")
 @torch.no_grad()
-def reference_logprobs(run: Run, batches: list[Batch], totals: dict | None) -> None:
-    """π_ref of every sampled token: the frozen reference model, or with LoRA the policy, adapters disabled
-    (nothing when β = 0 or `totals` is None)."""
-    if run.cfg.beta == 0 or totals is None:
+def fixed_logprobs(run: Run, batches: list[Batch], totals: dict | None) -> None:
+    """What stays fixed while training on this rollout, for every sampled token: π_ref (the frozen reference model,
+    or with LoRA the policy with its adapters disabled; none when β = 0) and π_old when μ > 1 (with μ = 1 `update`
+    takes its first pass's own values, detached). Nothing when `totals` is None. Differs from CANOE
+    (docs/differences.md, D12): the loss takes π_old as an argument."""
+    if totals is None:
         return
-    reference = run.engine if run.reference is None else run.reference
-    reference.eval()
-    with lora.adapters_disabled(reference):
-        for batch in batches:
-            batch.ref = completion_logprobs(reference, batch.packed)
-
-
-@timed("old_logprobs")
-@torch.no_grad()
-def old_logprobs(run: Run, batches: list[Batch], totals: dict | None) -> None:
-    """π_old before the first update, when μ > 1; with μ = 1 `update` takes its first pass's own values, detached.
-
-    Differs from CANOE (docs/differences.md, D12): the loss takes π_old as an argument.
-    """
-    if run.variants.num_iterations > 1 and totals is not None:
-        run.engine.train()  # as in the training passes
-        for batch in batches:
-            batch.old = completion_logprobs(run.engine, batch.packed)
+    with timing(run, "ref_logprobs"):
+        if run.cfg.beta:
+            reference = run.engine if run.reference is None else run.reference
+            reference.eval()
+            with lora.adapters_disabled(reference):
+                for batch in batches:
+                    batch.ref = completion_logprobs(reference, batch.packed)
+    with timing(run, "old_logprobs"):
+        if run.variants.num_iterations > 1:
+            run.engine.train()  # as in the training passes
+            for batch in batches:
+                batch.old = completion_logprobs(run.engine, batch.packed)
 
 
 def update(run: Run, batches: list[Batch], totals: dict[str, float] | None) -> list[tuple[torch.Tensor, dict]]:

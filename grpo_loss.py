@@ -1,11 +1,9 @@
-"""The GRPO objective used by CANOE's Dual-GRPO: group-relative advantages, the clipped surrogate with a k3 KL
-penalty, and per-token log-probabilities that never upcast the whole logits tensor.
+"""The GRPO objective of CANOE's Dual-GRPO: group-relative advantages, the clipped surrogate with a k3 KL penalty,
+and the log-probabilities of sampled tokens, computed without upcasting the whole logits tensor.
 
-Pure tensor functions: no distributed calls, no I/O, no globals. Shape legend used in every comment:
-B prompts, G samples per prompt, N = B·G sequences, T completion positions, V vocabulary.
-
-Equations (GRPO from DeepSeekMath, Shao et al. 2024, Sec. 4.1, eq. 3-4; the constants are those of the CANOE
-original, which trains with TRL's GRPOTrainer of early 2025):
+Pure tensor functions (the model's forward in `completion_logprobs` aside). Shapes: B prompts, G samples per
+prompt, N = B·G sequences, T completion positions, V vocabulary. The equations (DeepSeekMath, Shao et al. 2024,
+Sec. 4.1, eq. 3-4), with the constants of the CANOE original (TRL's GRPOTrainer of early 2025):
 
     advantage   A_i     = (r_i - mean(r_group)) / (std(r_group) + eps)       eps = 1e-4, unbiased std
     ratio       ρ_{i,t} = exp(logp_{i,t} - logp_old_{i,t})
@@ -14,47 +12,15 @@ original, which trains with TRL's GRPOTrainer of early 2025):
     token loss  ℓ_{i,t} = -(s_{i,t} - β D_{i,t})
     loss        L = (1/N) Σ_i (1/|o_i|) Σ_{t ∈ o_i} ℓ_{i,t}          "seq-mean-token-mean" (DeepSeekMath eq. 3)
 
-where o_i is the set of trained positions of sequence i (its `mask`). k3 is Schulman's unbiased, always
-non-negative estimator of KL(π_θ ‖ π_ref) from samples of π_θ ("Approximating KL Divergence", 2020).
+where o_i is the set of trained positions of sequence i (its `mask`); k3 is Schulman's unbiased, non-negative
+estimator of KL(π_θ ‖ π_ref) from samples of π_θ. `grpo_loss` is this loss; each option is a piece it is handed in
+place of CANOE's (`seq_mean_token_mean`, `token_log_ratio`, `unit_weight`), the others registered in variants.py
+with their papers (D15). With μ = 1 the driver passes π_θ detached as π_old, so ρ ≡ 1 and the clip never acts.
 
-`grpo_loss` is this loss and nothing else. Each option is a piece it is handed in place of CANOE's, which are this
-file's defaults (`seq_mean_token_mean`, `token_log_ratio`, `unit_weight`); the others are registered in variants.py
-beside its advantage rules, with each kind's shared signature, and the config names them once at set-up
-(docs/differences.md, D15). All are off by default, each named after the paper it comes from:
-
-    aggregation "token-mean"   every trained token weighs the same      DAPO (Yu et al. 2025, arXiv 2503.14476)
-                               L = (1/Σ_i |o_i|) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
-    aggregation "seq-mean-token-sum-norm"   a constant normaliser       Dr. GRPO (Liu et al. 2025, arXiv 2503.20783)
-                               L = (1/(N·L_max)) Σ_i Σ_{t ∈ o_i} ℓ_{i,t}
-    ratio_level "sequence"     ρ_{i,t} = s_i = exp((1/|o_i|) Σ_{t ∈ o_i} (logp_{i,t} - logp_old_{i,t}))
-                               one ratio per sequence, the geometric mean of its token ratios      GSPO (Zheng et al.
-                               2025, arXiv 2507.18071; it clips with ε of a few 1e-4, not 0.2)
-    surrogate_weight "truncated_importance" (importance_cap C > 0)
-                               s_{i,t} is multiplied by w_{i,t} = min(exp(logp_old_{i,t} - logp_vllm_{i,t}), C), a
-                               constant: truncated importance sampling for the sampler-trainer mismatch (Yao et al.
-                               2025, "Your efficient RL framework secretly brings you off-policy RL training"); the
-                               KL term is not weighted
-
-Two more are plain numbers: ε_high > ε_low is DAPO's clip-higher (e.g. ε_high = 0.28), and `group_advantages`'
-std = "none" (A_i = r_i - mean(r_group), no division) is Dr. GRPO's.
-
-Where this file differs from the original CANOE code, the place concerned names its entry in docs/differences.md.
-With μ = 1 the driver passes the current log-probabilities detached as π_old, so ρ ≡ 1 and the clip never acts;
-with μ > 1 it passes those from before the first update, so from the second update on the clip acts.
-
-Micro-batches and metrics. Differs from CANOE (docs/differences.md, D14): the loss does not depend on the
-micro-batch split. Call `grpo_loss` once per micro-batch with `total_sequences` = rows of the whole batch and
-`total_tokens` = trained tokens of the whole batch, and the SUM of the returned losses (and of their gradients)
-equals the loss of the whole batch in one call: backpropagate each micro-batch loss as it is and step the optimiser
-once. Anything that rescales the loss on the way (DeepSpeed divides each micro-batch loss by
-gradient_accumulation_steps and averages gradients over data-parallel ranks) must be undone by the caller. The
-totals are not checked against the local counts, to avoid a device sync. The metrics are sums, counts and extremes,
-so micro-batches and ranks combine exactly: `merge_metrics` adds them up, `summarize_metrics` turns the total into
-the logged means. The clip fraction counts trained tokens where the clipped branch of the min is strictly smaller,
-i.e. where clipping zeroes the policy gradient (A > 0 and ρ > 1 + ε_high, or A < 0 and ρ < 1 - ε_low); the KL
-metric is computed whenever `ref_logprobs` is given, even if β = 0.
-
-Run the tests: `python -m pytest tests/test_grpo_loss.py -q`.
+Micro-batches (D14): called once per micro-batch with `total_sequences` and `total_tokens` of the whole batch, the
+SUM of the returned losses and of their gradients equals the loss of the whole batch in one call; the caller undoes
+anything that rescales it on the way (DeepSpeed's division by the accumulation steps). The metrics are sums, counts
+and extremes, so micro-batches and ranks combine exactly (`merge_metrics`, then `summarize_metrics`).
 """
 
 from __future__ import annotations
@@ -64,20 +30,6 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
-
-__all__ = [
-    "METRIC_REDUCTIONS",
-    "completion_logprobs",
-    "grpo_loss",
-    "group_advantages",
-    "merge_metrics",
-    "seq_mean_token_mean",
-    "summarize_metrics",
-    "token_log_ratio",
-    "token_logprobs",
-    "unit_weight",
-    "zero_variance_groups",
-]
 
 ADVANTAGE_STDS = ("unbiased", "biased", "none")
 
@@ -96,14 +48,11 @@ METRIC_REDUCTIONS: dict[str, str] = {
 
 
 def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: str = "unbiased") -> Tensor:
-    """Group-relative advantages (DeepSeekMath Sec. 4.1.2, outcome supervision): A = (r - mean) / (std + eps).
+    """Group-relative advantages (DeepSeekMath Sec. 4.1.2): A = (r - mean) / (std + eps) within each group of G.
 
-    `rewards` is `(N,)` with the G = `group_size` samples of each prompt stored consecutively (prompt 0's
-    samples first). Statistics are taken per group of G. `std` is "unbiased" (divide by G - 1, as torch.std and
-    the original), "biased" (divide by G) or "none" (no division: A = r - mean, Dr. GRPO, which argues that the
-    division over-weights groups that are almost all right or all wrong). A group whose rewards are all equal
-    carries no signal and gets exactly 0 (not (r - mean) / eps, which float rounding of the mean could make
-    non-zero; docs/differences.md, D19). Returns a new `(N,)` float tensor; `rewards` is not modified.
+    `rewards` `(N,)` holds each prompt's G = `group_size` samples consecutively. `std`: "unbiased" (G - 1, as the
+    original), "biased" (G) or "none" (A = r - mean: Dr. GRPO). A group whose rewards are all equal gets exactly 0,
+    not a rounding error over eps (D19). Returns a new `(N,)` float tensor.
 
     >>> group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0, 2.0, 4.0]), group_size=3, std="biased")
     tensor([ 0.0000,  0.0000,  0.0000, -1.2247,  0.0000,  1.2247])
@@ -121,7 +70,6 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: s
     if eps < 0:
         raise ValueError(f"eps must be non-negative, got {eps}")
 
-    # Integer rewards are promoted to float32 (a new tensor; float inputs keep their dtype).
     values = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
     grouped = values.reshape(-1, group_size)  # (B, G)
     mean = grouped.mean(dim=1, keepdim=True)  # (B, 1)
@@ -152,9 +100,8 @@ def zero_variance_groups(values: Tensor, group_size: int) -> Tensor:
 def seq_mean_token_mean(per_token: Tensor, mask: Tensor, sequences: float, tokens: float | Tensor,
                         max_tokens: int | None) -> Tensor:
     """CANOE's aggregation (DeepSeekMath eq. 3): each sequence's mean over its trained tokens, then the mean over
-    the batch's `sequences`. An aggregation's shared signature is documented in variants.py."""
-    # clamp: an empty sequence has a zero sum and contributes 0 rather than 0/0.
-    # Differs from CANOE (docs/differences.md, D13): an empty completion adds 0, not NaN.
+    the batch's `sequences` (the shared signature: variants.py)."""
+    # Differs from CANOE (docs/differences.md, D13): an empty completion adds 0, not 0/0 = NaN.
     per_sequence = per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (N,)
     return per_sequence.sum() / sequences
 
@@ -177,24 +124,15 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
               ratio_level: Callable[..., Tensor] = token_log_ratio,
               surrogate_weight: Callable[..., tuple[Tensor, Tensor]] = unit_weight,
               ) -> tuple[Tensor, dict[str, Tensor]]:
-    """CANOE's clipped GRPO loss with a β-weighted k3 KL penalty (equations in the module docstring).
+    """CANOE's clipped GRPO loss with a β-weighted k3 KL penalty (the module docstring's equations).
 
-    `logprobs` `(N, T)`: log π_θ of the sampled tokens, the only input that carries gradient. `old_logprobs`,
-    `ref_logprobs` `(N, T)`: log π_old (the sampling policy) and log π_ref of the same tokens, constants; π_ref
-    may be None only when `beta == 0`. Differs from CANOE (docs/differences.md, D12): the loss takes π_old as an
-    argument.
-    `advantages` `(N,)`: one per sequence, constant (`group_advantages`). `mask` `(N, T)`: non-zero exactly at the
-    trained positions (completion tokens including the EOS that ended one); values outside it (even inf or NaN)
-    never reach the loss, its gradient or the metrics. Differs from CANOE (docs/differences.md, D13): the mask is
-    explicit, never inferred from pad ids. ρ is clipped to [1 - `clip_eps_low`, 1 + `clip_eps_high`].
-    `total_sequences`, `total_tokens`: the whole batch's sequences and trained tokens, the aggregation's
-    denominators (default this call's N and trained tokens, at least 1). `max_completion_tokens`, and
-    `vllm_logprobs` `(N, T)` (vLLM's, constant) with `importance_cap`, are handed to the pieces that need them.
-    `aggregation`, `ratio_level`, `surrogate_weight`: CANOE's by default; the others are in variants.py
-    (`AGGREGATIONS`, `RATIO_LEVELS`, `SURROGATE_WEIGHTS`, with their shared signatures).
-
-    Returns `(loss, metrics)`: a 0-d float32 loss (float64 for float64 inputs) and the keys of `METRIC_REDUCTIONS`
-    as detached 0-d sums, counts and extremes (the module's "Micro-batches and metrics").
+    `logprobs` `(N, T)`: log π_θ of the sampled tokens, the only input with a gradient; `old_logprobs` and
+    `ref_logprobs` `(N, T)`: log π_old and log π_ref, constants (π_ref None only when β = 0; π_old an argument,
+    D12). `advantages` `(N,)`. `mask` `(N, T)`: non-zero exactly at the trained positions, explicit rather than
+    inferred from pad ids (D13); values outside it, even inf or NaN, never reach the loss, its gradient or the
+    metrics. `total_sequences`, `total_tokens`: the whole batch's counts (default this call's). The pieces and
+    `max_completion_tokens`, `vllm_logprobs`, `importance_cap` are variants.py's. Returns `(loss, metrics)`: the
+    0-d loss in float32 (float64 for float64 inputs) and the keys of `METRIC_REDUCTIONS`, detached.
     """
     _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, clip_eps_low,
                   clip_eps_high, total_sequences, total_tokens, importance_cap,
@@ -349,16 +287,9 @@ def _chunks(N: int, T: int, chunk_size: int) -> Iterable[tuple[int, int, int]]:
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor, chunk_size: int = 512) -> Tensor:
-    """Log-probability of each given token under its logits: `log_softmax(logits)[n, t, tokens[n, t]]`.
-
-    `logits` `(N, T, V)` (bf16, fp16 or fp32) must already be aligned with `tokens` `(N, T)`: `logits[:, t]`
-    is the distribution that produced `tokens[:, t]` (the caller drops the last position of a causal LM's
-    output and the first token). Returns `(N, T)` float32, differentiable with respect to `logits`.
-
-    Memory: at most `chunk_size` positions × V are upcast to float32 at a time, in forward and in backward;
-    the full float32 `(N, T, V)` copy that `log_softmax(logits.float())` would make is never built. The
-    gradient itself is `(N, T, V)` in the logits' dtype, as for any op on the logits.
-    """
+    """`log_softmax(logits)[n, t, tokens[n, t]]` as `(N, T)` float32, differentiable in `logits` `(N, T, V)`, which
+    must already be aligned with `tokens` `(N, T)`. At most `chunk_size` positions × V are upcast to float32 at a
+    time, in forward and backward: the float32 `(N, T, V)` copy of `log_softmax(logits.float())` is never built."""
     if logits.dim() != 3:
         raise ValueError(f"logits must be (N, T, V), got shape {tuple(logits.shape)}")
     if tokens.shape != logits.shape[:2]:

@@ -1,10 +1,8 @@
-"""The four CANOE rewards and the R1-Zero math reward.
+"""The four CANOE rewards, the R1-Zero math reward, and `score`, which calls the configured ones on a rollout.
 
-Every CANOE reward has one signature, `fn(completions, <dataset columns it needs>, **kwargs) -> list[float]`:
-`completions` holds one entry per sample, a list of chat messages whose first `content` is the text, and the result
-holds one 0.0/1.0 per sample. Adding a reward is one such function and one line in `REWARD_FUNCS`. The rules are
-those of the original CANOE code (`code/train/src/open_r1/grpo.py`: `accuracy_reward`, `influence_reward`,
-`format_reward`, `len_reward`; CANOE, arXiv 2505.16483); docs/DESIGN.md, "Rewards", states them in full.
+A reward is `fn(completions, <dataset columns it needs>, **kwargs) -> list[float]`: `completions` holds one list of
+chat messages per sample, whose first `content` is the text; adding one is that function and a line in
+`REWARD_FUNCS`. The rules are the original CANOE code's (`open_r1/grpo.py`), stated in full in docs/DESIGN.md:
 
 | name        | 1.0 when                                                                                         |
 |-------------|--------------------------------------------------------------------------------------------------|
@@ -13,21 +11,12 @@ those of the original CANOE code (`code/train/src/open_r1/grpo.py`: `accuracy_re
 | `influence` | the stage-2 completion (regenerated from the long answer alone) has the solution's answer span    |
 | `length`    | the long answer is strictly between 20% and 80% of the context, in characters                    |
 
-*Answer span* of a text (`tags.answer_span`): the first `<answer>...</answer>` (across lines), stripped; without
-one, the whole text stripped. The same rule reads `solution`.
-
-Malformed input is the rewards' to handle, one sample at a time: a completion that is not a list of messages, a
-None or non-string text, a missing tag, a column of the wrong length, megabyte strings, lone surrogates all give
-0.0 for the samples concerned, and the shape errors are counted in `REWARD_ISSUES` (the first of each kind is
-logged). An exception raised by a reward's own code is a bug and propagates with its traceback: the trainer stops
-rather than train on zeros. With `DEBUG_MODE=true` in the environment, accuracy and influence append every sample
-to a log, as the original does: `LOG_PATH` if set, else `accuracy_reward.log` / `influence_accuracy_reward.log`
-in the `log_dir` keyword argument (the trainer passes its run directory), else in the current directory.
-
-Where a rule differs from the original CANOE code, the function concerned names its entry in docs/differences.md.
-
-`r1_zero_reward_fn` is the R1-Zero reward of understand-r1-zero (Liu et al. 2025, arXiv 2503.20783): format gate,
-`\\boxed` extraction, grading by `r1_grader.r1_grade`.
+The *answer span* of a text (`tags.answer_span`) is its first `<answer>...</answer>` stripped, else the whole text
+stripped. Malformed input (not a list, a None text, a missing tag, a column of the wrong length) scores 0.0 for
+the samples concerned, and shape errors are counted in `REWARD_ISSUES`; an exception from a reward's own code is a
+bug and stops the run. `DEBUG_MODE=true` logs accuracy and influence per sample, as the original does (`LOG_PATH`,
+else the run folder). `r1_zero_reward_fn` is understand-r1-zero's (arXiv 2503.20783): format gate, `\\boxed`
+extraction, `r1_grader.r1_grade`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Rollouts for Dual-GRPO: vLLM's two sampling stages and the context substitution between them.
 
-Stage 1 samples G completions per prompt. Stage 2 (CANOE's "dual" part; docs/DESIGN.md, "Rollout") takes the
-`<long_answer>` of each stage-1 completion, puts it in place of the prompt's `<context>` block and samples ONE
-new completion from that prompt at the same temperature; the influence reward then asks whether the model can
-still answer from the long answer alone. Stage-2 completions are scored, never trained on.
-
-vLLM runs colocated inside each training process (`distributed_executor_backend="external_launcher"`, one
-engine per rank, tensor parallel 1), so rollouts need no server and no extra GPUs. How the trainer's weights
-reach the engine after every update, and how each push is proved, is weight_sync.py.
-
-Sampling is seeded from the run seed, the step, the rank and the stage, so a resumed run draws exactly the
-samples the uninterrupted run would have drawn: on CUDA every request carries its own seed, on the CPU torch's
-generator is seeded right before each `generate` call (`seeds_per_request` says why the two differ).
-Differs from CANOE (docs/differences.md, D8): sampling is seeded per step, stage and rank.
+Stage 1 samples G completions per prompt. Stage 2 (CANOE's "dual" part) puts each stage-1 completion's
+`<long_answer>` in place of its prompt's `<context>` block and samples ONE new completion from that, at the same
+temperature; the influence reward asks whether it still answers. Stage-2 completions are scored, never trained on.
+vLLM runs inside each training process (one engine per rank, tensor parallel 1): no server, no extra GPUs.
+Sampling is seeded from the run seed, step, rank and stage (D8), so a resumed run draws what the uninterrupted
+one would have: on CUDA per request, on the CPU by seeding torch's generator around each call (`seeds_per_request`).
 """
 
 from __future__ import annotations
@@ -98,35 +91,15 @@ def prompt_seed(seed: int, index: int) -> int:
     return request_seed(seed, index) >> 1
 
 
-def make_engine(
-    model_path: str,
-    *,
-    dtype: str,
-    seed: int,
-    max_model_len: int,
-    gpu_memory_utilization: float,
-    enable_sleep_mode: bool,
-    cpu_kv_cache_gib: float = 1.0,
-    lora_rank: int = 0,
-    trainer_seed: int | None = None,
-):
-    """One colocated vLLM engine for this training process (tensor parallel 1, driven by our launcher).
+def make_engine(model_path: str, *, dtype: str, seed: int, max_model_len: int, gpu_memory_utilization: float,
+                enable_sleep_mode: bool, cpu_kv_cache_gib: float = 1.0, lora_rank: int = 0,
+                trainer_seed: int | None = None):
+    """One colocated vLLM engine for this training process (docs/library-notes.md, "vLLM", for each setting).
 
-    With sleep mode the CUDA graphs go to sleep too (`sleep_mode_offload_cudagraph`): vLLM would keep them on the
-    GPU, where the memory plan counts as free for training; the wake order is unchanged.
-
-    On the CPU the KV cache gets `cpu_kv_cache_gib` (VLLM_CPU_KVCACHE_SPACE, unless the environment already sets
-    it): otherwise vLLM's CPU worker takes gpu_memory_utilization × the host's memory, and refuses to start when
-    that much is not free.
-
-    `lora_rank > 0` turns on vLLM's LoRA support for one adapter at a time (plumbing/lora.py, `AdapterPush`), with
-    the smallest `max_lora_rank` vLLM allows that holds the rank.
-
-    `trainer_seed` (the trainer's per-rank seed) seeds torch again once the engine has started: vLLM's start-up
-    seeds torch with the engine's `seed` alike on every rank, so without it the ranks would draw the same dropout
-    masks (LoRA dropout). On rank 0 (trainer_seed = seed) the state is the one vLLM left.
-
-    Evidence for each: docs/library-notes.md, "vLLM".
+    Sleep mode sends the CUDA graphs to sleep too, since the memory plan counts that memory as the trainer's. On
+    the CPU the KV cache gets `cpu_kv_cache_gib` (vLLM's CPU worker would take a share of the host's memory and
+    refuse to start without it free). `lora_rank > 0` lets vLLM apply one LoRA adapter (lora.AdapterPush).
+    `trainer_seed` reseeds torch after the start-up, which seeds it alike on every rank (LoRA dropout masks).
     """
     lora = {}
     if lora_rank:

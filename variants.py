@@ -1,22 +1,15 @@
-"""Every GRPO variant beyond CANOE's, behind one door: chosen once at set-up from the config (`Variants.create`),
-so CANOE's step (canoe.train_step) reads the same whichever are on, and with the defaults every one is off.
-What each does, its paper and what it did on our runs: docs/loss-options.md.
+"""Every GRPO variant beyond CANOE's, behind one door: chosen once at set-up from the config (`Variants.create`), so
+`canoe.train_step` reads the same whichever are on; with the defaults every one is off (D15). Each one's paper and
+what it did on our runs: docs/loss-options.md.
 
-Differs from CANOE (docs/differences.md, D15): options, all off by default.
+- advantage rules (`ADVANTAGE_RULES`, the config's `advantage_rule`): CANOE's, or GDPO's decoupled one; Dr. GRPO's
+  `advantage_std = "none"` is an argument of `grpo_loss.group_advantages`;
+- the loss's pieces handed to `grpo_loss.grpo_loss` (`AGGREGATIONS`, `RATIO_LEVELS`, `SURROGATE_WEIGHTS`): DAPO's
+  token-mean, Dr. GRPO's constant normaliser, GSPO's sequence ratio, truncated importance sampling; DAPO's
+  clip-higher and PPO's μ passes per rollout are plain numbers;
+- DAPO's masks (`mask_truncated`, `skip_zero_variance_groups`) and dynamic sampling (`dynamic_sampling_draws`).
 
-- advantage rules (`ADVANTAGE_RULES`, the config's `advantage_rule`): CANOE's advantages of the weighted sum,
-  or GDPO's sum of each reward's own advantages;
-- Dr. GRPO's `advantage_std = "none"`: an argument of `grpo_loss.group_advantages`;
-- DAPO's masks (`mask_truncated`, `skip_zero_variance_groups`) and dynamic sampling (`dynamic_sampling`);
-- the loss's pieces (`AGGREGATIONS`, `RATIO_LEVELS`, `SURROGATE_WEIGHTS`, the config's `aggregation`,
-  `ratio_level` and `importance_cap`), handed with the loss's options (`loss`) to `grpo_loss.grpo_loss`, CANOE's
-  loss: token-mean (DAPO), the constant normaliser (Dr. GRPO), one ratio per sequence (GSPO) and the sampler's
-  importance cap (truncated importance sampling); clip-higher (DAPO) and μ updates per rollout with the clip (PPO)
-  are plain numbers.
-
-Adding an advantage rule or a piece of the loss is one function with its kind's shared signature (written above
-each registry) and one registry line; the config then names it (tests/test_train.py trains with the README's
-examples).
+A new rule or piece is one function with its kind's signature (written above each registry) and one registry line.
 """
 
 from __future__ import annotations
@@ -25,6 +18,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace  # noqa: F401  (kept_sequences' example)
 
 import torch
 import torch.distributed as dist
@@ -47,17 +41,13 @@ def canoe_advantages(rewards: Tensor, scores: Tensor, weights: Tensor, group_siz
 
 def decoupled_advantages(rewards: Tensor, scores: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4,
                          std: str = "unbiased") -> Tensor:
-    """GDPO's decoupled normalisation: each reward is normalised inside its group first, then weighted and summed.
+    """GDPO's decoupled normalisation (TRL's `multi_objective_aggregation = "normalize_then_sum"`): each reward is
+    normalised inside its group first, then weighted and summed, so that a rarely varying reward (accuracy early on)
+    does not drown in the others' noise:
 
         A_{i,k} = group_advantages(r_{·,k})_i              one advantage per reward k (0 where r_k is constant)
         S_i     = Σ_k w_k A_{i,k}
-        A_i     = (S_i - mean(S)) / (std(S) + eps)         over the N sequences of the batch (0 if S is constant)
-
-    With the plain weighted sum, a reward that rarely varies, such as accuracy early in training, is a small share
-    of the sum's spread and drowns in the other rewards' noise; normalised first, a group with one correct answer
-    gives it an accuracy advantage of the same size whatever the other rewards do (GDPO, NVlabs; TRL's
-    `multi_objective_aggregation = "normalize_then_sum"`). `std` is group_advantages' flavour, also used for the
-    batch-wide rescaling, which runs over this rank's sequences (TRL's over every rank's: docs/differences.md, D20).
+        A_i     = (S_i - mean(S)) / (std(S) + eps)         over this rank's N sequences, TRL's over every rank's (D20)
 
     >>> decoupled_advantages(None, torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0]]),
     ...                      torch.tensor([1.0, 1.0]), group_size=2, eps=0.0, std="biased")
@@ -153,32 +143,26 @@ SURROGATE_WEIGHTS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
 # DAPO's masks: which sequences enter the loss
 
 
-def kept_sequences(zero_variance: Tensor, group_size: int, truncated: Tensor, *, mask_truncated: bool = False,
+def kept_sequences(advantages: Tensor, completions: list, group_size: int, *, mask_truncated: bool = False,
                    skip_zero_variance_groups: bool = False) -> Tensor:
-    """`(N,)` bool: which sequences enter the loss. Both options come from DAPO (Yu et al. 2025, arXiv 2503.14476):
+    """`(N,)` bool: which sequences enter the loss, all of them unless a DAPO mask is on (arXiv 2503.14476).
+    `mask_truncated` drops a completion cut off by the token limit (its reward judges an unfinished text);
+    `skip_zero_variance_groups` drops every sequence of a group whose `advantages` `(N,)` are all equal (only the KL
+    would train). The dropped ones leave the mask and the loss's denominators.
 
-    - `mask_truncated`: a completion cut off by the token limit (`truncated`, `(N,)` bool) has no end, so its
-      reward judges an unfinished text; it gets no loss ("overlong filtering").
-    - `skip_zero_variance_groups`: a group whose advantages are all equal (`zero_variance`, `(B,)` bool) gives
-      only the KL term something to train on; all G of its sequences leave the loss (dynamic sampling also redraws
-      them).
-
-    The caller zeroes the mask rows of dropped sequences and counts only the kept ones in the loss denominators,
-    so that the kept ones weigh as if the batch were theirs.
-
-    >>> kept_sequences(torch.tensor([True, False]), 2, torch.tensor([False, False, True, False]),
-    ...                mask_truncated=True, skip_zero_variance_groups=True)
+    >>> done = [SimpleNamespace(finish_reason=reason) for reason in ("stop", "stop", "length", "stop")]
+    >>> kept_sequences(torch.tensor([0.0, 0.0, 1.0, -1.0]), done, 2, mask_truncated=True,
+    ...                skip_zero_variance_groups=True)
     tensor([False, False, False,  True])
     """
-    if zero_variance.dim() != 1 or truncated.shape != (len(zero_variance) * group_size,):
-        raise ValueError(f"zero_variance must be (B,) and truncated (B·G,) with G = {group_size}, got "
-                         f"{tuple(zero_variance.shape)} "
-                         f"and {tuple(truncated.shape)}")
-    kept = torch.ones(truncated.shape, dtype=torch.bool, device=truncated.device)  # (N,)
+    if advantages.shape != (len(completions),) or len(completions) % group_size:
+        raise ValueError(f"advantages must be (N,) for the N = {len(completions)} completions, a multiple of "
+                         f"G = {group_size}; got {tuple(advantages.shape)}")
+    kept = torch.ones(len(completions), dtype=torch.bool, device=advantages.device)  # (N,)
     if mask_truncated:
-        kept &= ~truncated.bool()
+        kept &= torch.tensor([c.finish_reason != "length" for c in completions], device=advantages.device)
     if skip_zero_variance_groups:
-        kept &= ~zero_variance.bool().repeat_interleave(group_size)  # (N,)
+        kept &= ~zero_variance_groups(advantages, group_size).repeat_interleave(group_size)  # (N,)
     return kept
 
 
@@ -234,9 +218,8 @@ class Variants:
 
     reward_weights: Tensor  # (R,) the weight of each configured reward, in the order of cfg.rewards (score's columns)
     advantages: Callable[[Tensor, Tensor], Tensor]  # (rewards (N,), scores (N, R)) -> (N,): the rule, its settings bound
+    kept: Callable[[Tensor, list], Tensor]  # (advantages (N,), N completions) -> (N,) bool: kept_sequences, bound
     group_size: int  # G
-    mask_truncated: bool
-    skip_zero_variance_groups: bool
     num_iterations: int  # μ
     loss: dict  # grpo_loss.grpo_loss's keyword options, its pieces resolved to functions
     dynamic_sampling_draws: int
@@ -251,19 +234,14 @@ class Variants:
         weights = torch.tensor(list(cfg.rewards.values()), dtype=torch.float32)  # (R,)
         advantages = functools.partial(ADVANTAGE_RULES[cfg.advantage_rule], weights=weights,
                                        group_size=cfg.num_generations, eps=cfg.advantage_eps, std=cfg.advantage_std)
-        return cls(weights, advantages, cfg.num_generations, cfg.mask_truncated, cfg.skip_zero_variance_groups,
-                   cfg.num_iterations, loss, cfg.dynamic_sampling_draws)
+        kept = functools.partial(kept_sequences, group_size=cfg.num_generations, mask_truncated=cfg.mask_truncated,
+                                 skip_zero_variance_groups=cfg.skip_zero_variance_groups)
+        return cls(weights, advantages, kept, cfg.num_generations, cfg.num_iterations, loss,
+                   cfg.dynamic_sampling_draws)
 
     def zero_variance(self, scores: Tensor) -> Tensor:
         """`(B,)` bool: the groups whose advantages are all equal, which teach nothing but the KL."""
         return zero_variance_groups(self.advantages(scores @ self.reward_weights, scores), self.group_size)
-
-    def kept(self, advantages: Tensor, completions: list) -> Tensor:
-        """`(N,)` bool: the sequences that enter the loss (all of them unless a DAPO mask is on)."""
-        truncated = torch.tensor([c.finish_reason == "length" for c in completions])  # (N,)
-        return kept_sequences(zero_variance_groups(advantages, self.group_size), self.group_size, truncated,
-                              mask_truncated=self.mask_truncated,
-                              skip_zero_variance_groups=self.skip_zero_variance_groups)
 
     def rollout(self, rollout: Callable) -> Callable:
         """`rollout` itself, or wrapped in dynamic sampling when `dynamic_sampling_draws` > 0."""

@@ -5,6 +5,7 @@ Shape legend as in grpo_loss.py: N sequences, T positions, V vocabulary.
 
 import doctest
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -436,25 +437,29 @@ def test_group_advantages_without_std_dr_grpo():
                  torch.tensor([-4 / 3, -1 / 3, 5 / 3]))
 
 
+def finished(*truncated: bool) -> list:
+    """Completions as kept_sequences reads them: "length" when cut off by the token limit."""
+    return [SimpleNamespace(finish_reason="length" if cut else "stop") for cut in truncated]
+
+
 def test_zero_variance_groups_and_kept_sequences():
     rewards = torch.tensor([1.0, 1.0, 0.0, 2.0, 3.0, 3.0])  # B = 3, G = 2: groups 0 and 2 have equal rewards
-    truncated = torch.tensor([False, True, True, False, False, False])
+    done = finished(False, True, True, False, False, False)
     flat = grpo_loss.zero_variance_groups(rewards, 2)
     assert torch.equal(flat, torch.tensor([True, False, True]))
-    everything = kept_sequences(flat, 2, truncated)
-    assert torch.equal(everything, torch.ones(6, dtype=torch.bool))
+    advantages = grpo_loss.group_advantages(rewards, 2)  # (6,): 0 in the flat groups
+    assert torch.equal(kept_sequences(advantages, done, 2), torch.ones(6, dtype=torch.bool))
     # DAPO overlong filtering: the truncated completions 1 and 2 leave the loss
-    assert torch.equal(kept_sequences(flat, 2, truncated, mask_truncated=True),
+    assert torch.equal(kept_sequences(advantages, done, 2, mask_truncated=True),
                        torch.tensor([True, False, False, True, True, True]))
     # zero-variance groups 0 and 2 leave the loss, all of their members
-    assert torch.equal(kept_sequences(flat, 2, truncated, skip_zero_variance_groups=True),
+    assert torch.equal(kept_sequences(advantages, done, 2, skip_zero_variance_groups=True),
                        torch.tensor([False, False, True, True, False, False]))
     # both: only sequence 3 is left
-    assert torch.equal(kept_sequences(flat, 2, truncated, mask_truncated=True,
-                                                   skip_zero_variance_groups=True),
+    assert torch.equal(kept_sequences(advantages, done, 2, mask_truncated=True, skip_zero_variance_groups=True),
                        torch.tensor([False, False, False, True, False, False]))
-    with pytest.raises(ValueError, match="zero_variance must be"):
-        kept_sequences(flat, 2, truncated[:4])
+    with pytest.raises(ValueError, match="advantages must be"):
+        kept_sequences(advantages, done[:4], 2)
     # per reward: scores (N, R) give (B, R), as signal/<name> counts the groups in which each reward varies
     scores = torch.stack([rewards, torch.tensor([0.0, 1.0, 2.0, 2.0, 5.0, 4.0])], dim=1)  # (6, 2)
     assert grpo_loss.zero_variance_groups(scores, 2).tolist() == [[True, False], [False, True], [True, False]]
@@ -470,15 +475,14 @@ def test_skipped_groups_under_normalize_then_sum_are_those_without_advantages():
     advantages = decoupled_advantages(None, per_reward, weights, 4)  # (N,)
     assert advantages[:4].abs().min() > 0.1 and torch.equal(advantages[4:], torch.zeros(4))
     three = {"accuracy": 1.0, "format": 1.0, "influence": 1.0}
-    flat = Variants.create(Config(advantage_rule="normalize_then_sum", num_generations=4,
-                                  rewards=three)).zero_variance(per_reward)
-    kept = kept_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
+    gdpo = Variants.create(Config(advantage_rule="normalize_then_sum", num_generations=4, rewards=three,
+                                  skip_zero_variance_groups=True))
+    kept = gdpo.kept(gdpo.advantages(per_reward @ weights, per_reward), finished(*[False] * 8))
     assert torch.equal(kept, torch.tensor([True] * 4 + [False] * 4))
     # under CANOE's sum_then_normalize both groups have advantages 0 and both leave
     assert torch.equal(grpo_loss.group_advantages(per_reward @ weights, 4), torch.zeros(8))
-    flat = Variants.create(Config(num_generations=4, rewards=three)).zero_variance(per_reward)
-    kept = kept_sequences(flat, 4, torch.zeros(8, dtype=torch.bool), skip_zero_variance_groups=True)
-    assert not kept.any()
+    canoe = Variants.create(Config(num_generations=4, rewards=three, skip_zero_variance_groups=True))
+    assert not canoe.kept(canoe.advantages(per_reward @ weights, per_reward), finished(*[False] * 8)).any()
 
 
 def test_second_update_of_a_rollout_ratio_and_clip_act():

@@ -98,10 +98,41 @@ def test_no_import_cycle():
         assert cycle is None, " -> ".join(cycle)
 
 
-def test_the_driver_stays_a_driver():
-    """canoe.py reads top to bottom: at most 600 lines, and the training step at most 45 (the command line, the
-    set-up checks, the optimizer settings and the push live in training/, the variants in variants.py)."""
+# The line budget (raw lines, as `wc -l` counts them), raised only on purpose, as tinygrad keeps its own: the
+# references a reader holds this code against do GRPO with vLLM and DeepSpeed in under 2,000 lines.
+BUDGET = {"Python outside tests/ and bench/": 6000, "the card's five files": 1800, "canoe.py": 450}
+CARD_FILES = ("canoe.py", "rollout.py", "rewards.py", "grpo_loss.py", "data.py")
+MAX_FUNCTION_LINES = 60
+MAX_STEP_LINES = 45
+
+
+def product_files() -> list[Path]:
+    return [path for path in tracked_files() if path.suffix == ".py"
+            and path.relative_to(ROOT).parts[0] not in {"tests", "bench"}]
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_the_line_budget_holds():
+    counted = {"Python outside tests/ and bench/": sum(map(lines, product_files())),
+               "the card's five files": sum(lines(ROOT / name) for name in CARD_FILES),
+               "canoe.py": lines(ROOT / "canoe.py")}
+    over = {name: f"{counted[name]} lines > {limit}" for name, limit in BUDGET.items() if counted[name] > limit}
+    assert not over, over
+
+
+def test_no_function_outside_tests_and_bench_is_over_60_lines():
+    long = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for path in product_files() for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, "\n".join(long)
+
+
+def test_the_training_step_reads_on_one_screen():
+    """`train_step` is CANOE's six steps, each a call or two (the README's reading order follows them)."""
     source = (ROOT / "canoe.py").read_text()
-    assert len(source.splitlines()) <= 600
     (step,) = [node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name == "train_step"]
-    assert step.end_lineno - step.lineno + 1 <= 45
+    assert step.end_lineno - step.lineno + 1 <= MAX_STEP_LINES
