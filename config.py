@@ -1,29 +1,15 @@
-"""The run's settings: `config.toml` (stdlib tomllib) into a frozen dataclass whose fields carry their meaning.
+"""The run's settings: a TOML file (stdlib tomllib) read into a frozen dataclass whose fields carry their meaning.
 
     python canoe.py --describe-config     # every key, its default and what it means
 
 Unknown keys, wrong types and values out of range are errors that name the key (and suggest the closest known
-key). Rewards and their weights are one table, so adding a reward is one line of config:
-
-    [rewards]
-    accuracy = 1.0
-    format = 1.0
-    influence = 1.0
-    length = 1.0
-
-A recipe that differs from another config in a few keys names it with `base` (a path relative to the recipe)
-and writes only those keys; a table such as `[rewards]`, if given, replaces the base's whole:
+one). Rewards and their weights are one table (`[rewards]`, a `name = weight` line each). A recipe names the
+config it varies with `base` (a path relative to the recipe) and writes only the keys it changes; a table such as
+`[rewards]`, if given, replaces the base's whole:
 
     base = "../config.toml"
     output_dir = "runs/variant"
     num_iterations = 2
-
-Every key's default is the original CANOE run's, the paper's (lr 1e-6 cosine with 10 % warm-up, 2 prompts × 8
-accumulation steps a GPU, 1024 prompt and 1024 completion tokens, G = 7, β = 0.04, CANOE's system prompt, no LoRA):
-the GPU recipes (recipes/) inherit them. config.toml, the embedded default, is a small CPU run that sets its own
-values over them (LoRA, lr 5e-5 constant, one prompt a step, 832 + 128 tokens, a worked example). The loss options
-beside CANOE's (Dr. GRPO, DAPO, GSPO, truncated importance sampling) are registered in variants.py and listed in
-docs/loss-options.md, all off by default (docs/differences.md, D15).
 """
 
 from __future__ import annotations
@@ -38,14 +24,14 @@ from typing import Any
 
 import torch
 
-from data import SYSTEM_PROMPT
+from data import OVERFLOW_RULES, SYSTEM_PROMPT
 from grpo_loss import ADVANTAGE_STDS
 from rewards import REWARD_FUNCS
 from variants import ADVANTAGE_RULES, AGGREGATIONS, RATIO_LEVELS
 
 CANOE_REWARDS = {"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0}
 # Every linear layer of a Llama/Qwen2 decoder block: attention and MLP ("LoRA Without Regret": adapters on the MLP
-# matter most; lora.py).
+# matter most).
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -57,25 +43,27 @@ def _key(default: Any, help: str) -> Any:
 
 @dataclass(frozen=True)
 class Config:
-    """Every setting of a run. `config.toml` sets any subset; unknown keys and wrong types are errors."""
+    """Every setting of a run; each field's help is what `--describe-config` prints.
+
+    The defaults are the original CANOE run's, the paper's (lr 1e-6 cosine with 10 % warm-up, 2 prompts × 8
+    accumulation steps a GPU, 1024 prompt and 1024 completion tokens, G = 7, β = 0.04, CANOE's system prompt, full
+    fine-tuning), which the GPU recipes (recipes/) inherit. config.toml, the default run, is a small CPU run that
+    overrides them (LoRA, lr 5e-5 constant, one prompt a step, 832 + 128 tokens, its own prompt and worked example).
+    """
 
     # --- model
     model: str = _key("models/Qwen2.5-Coder-0.5B-Instruct", "policy to train: a Hugging Face model folder")
-    dtype: str = _key("auto", "auto (bfloat16 on a GPU that has it and on a CPU with avx512_bf16 or amx_bf16, else "
-                      "float32), float32 or bfloat16; the choice and its reason are printed at start-up")
+    dtype: str = _key("auto", "auto (bfloat16 where the GPU or CPU supports it, else float32), float32 or bfloat16")
     gradient_checkpointing: bool = _key(False, "recompute activations in backward to save memory")
     # --- data
-    train_file: str = _key("data/synth/train.jsonl",
-                           "training data (.jsonl, .json, .parquet, a save_to_disk folder): problem, solution, more")
+    train_file: str = _key("data/synth/train.jsonl", "training data: .jsonl, .json, .parquet or a save_to_disk folder")
     eval_file: str = _key("data/synth/eval.jsonl", "data for --eval without --suite (as train_file, or ConFiQA JSON)")
-    suite_max_tokens: int = _key(1024, "max new tokens per output in --eval --suite (the official evaluation's 1024)")
-    max_prompt_tokens: int = _key(1024, "prompts longer than this (with the chat template) are handled by on_long_prompt")
+    suite_max_tokens: int = _key(1024, "max new tokens per output in --eval --suite (the official evaluation's)")
+    max_prompt_tokens: int = _key(1024, "longer prompts (chat template included) are handled by on_long_prompt")
     on_long_prompt: str = _key("drop", "drop (remove and report their ids) or error")
-    # Differs from CANOE (docs/differences.md, D9): the system prompt, a response prefix and an example can be set.
-    system_prompt: str = _key("", "system prompt; empty = data.SYSTEM_PROMPT (CANOE's, docs/DESIGN.md)")
+    system_prompt: str = _key("", "system prompt; empty = data.SYSTEM_PROMPT (CANOE's)")
     response_prefix: str = _key("", "text that opens every answer, e.g. \"<think>\" (R1-Zero's prompt end)")
-    example_problem: str = _key("", "a worked example's user turn (its own passage and question), shown before "
-                                "every prompt with example_response as the assistant's reply; empty: none")
+    example_problem: str = _key("", "a worked example's user turn, shown before every prompt; empty: none")
     example_response: str = _key("", "the worked example's reply (set both or neither)")
     # --- rollout
     num_generations: int = _key(7, "G, samples per prompt in stage 1 (the group of the advantage)")
@@ -84,14 +72,12 @@ class Config:
     top_p: float = _key(1.0, "nucleus sampling, stage 1 and stage 2")
     dual: bool = _key(True, "run stage 2 (CANOE's do_long_answer); without it influence is always 0")
     # Differs from CANOE (docs/differences.md, D16): vLLM shares each GPU with the trainer.
-    vllm_gpu_memory_utilization: float = _key(0.7, "share of GPU memory vLLM may take (GPU only; `--plan-memory` shows what fits)")
+    vllm_gpu_memory_utilization: float = _key(0.7, "GPU memory share vLLM may take (`--plan-memory` shows what fits)")
     vllm_cpu_kv_cache_gib: float = _key(1.0, "vLLM KV cache size on a CPU, GiB")
     vllm_sleep: bool = _key(True, "release vLLM's memory during training where the platform supports it (CUDA)")
-    sync_tolerance: float = _key(0.0, "bound on the push probe's trimmed max |logprob difference| between vLLM and "
-                                 "trainer (its worst quarter of tokens set aside); 0: by the dtype (1e-3 in float32, "
-                                 "0.5 in bfloat16: config.SYNC_TOLERANCE)")
+    sync_tolerance: float = _key(0.0, "push probe's bound on the trimmed max |logprob gap| (nats); 0: by the dtype")
     # --- rewards
-    rewards: dict = _key(CANOE_REWARDS, "[rewards] table: name in rewards.REWARD_FUNCS = weight; the total is the weighted sum")
+    rewards: dict = _key(CANOE_REWARDS, "[rewards] table: name in rewards.REWARD_FUNCS = weight of a weighted sum")
     reward_workers: int = _key(2, "processes grading math answers in parallel")
     reward_deadline_s: float = _key(1.0, "hard per-sample deadline of symbolic grading (then string match)")
     # --- optimisation
@@ -107,47 +93,38 @@ class Config:
     adam_betas: list = _key([0.9, 0.999], "AdamW betas")
     max_grad_norm: float = _key(1.0, "gradient clipping (global norm)")
     zero_stage: int = _key(2, "DeepSpeed ZeRO stage: 2 or 3")
-    # --- LoRA (lora.py): adapters from PEFT; the reference policy is the base with the adapters disabled
+    # --- LoRA (plumbing/lora.py): PEFT's adapters; the reference policy is the base with the adapters disabled
     lora_rank: int = _key(0, "r, rank of the LoRA adapters; 0 = full fine-tuning (every weight is trained)")
     lora_alpha: float = _key(32.0, "α: an adapter adds (α / r)·B·A to its layer's weight")
-    lora_dropout: float = _key(0.0, "dropout on the adapters' input while training (0 keeps the trainer's "
-                               "log-probabilities equal to the sampler's)")
-    lora_target_modules: list = _key(LORA_TARGETS, "modules (by name) that get adapters: the attention and MLP projections")
+    lora_dropout: float = _key(0.0, "dropout on the adapters' input (0 keeps trainer and sampler log-probs equal)")
+    lora_target_modules: list = _key(LORA_TARGETS, "modules (by name) that get adapters")
     # Differs from CANOE (docs/differences.md, D17): vLLM receives new merged tensors or the adapter itself.
-    lora_push: str = _key("auto", "how vLLM gets a LoRA policy: merged (W + s·B·A), adapter (vLLM's LoRA support: "
-                          "W and the adapter apart, nothing lost to rounding) or auto (adapter on a GPU outside "
-                          "float32, merged elsewhere: config.Config.pushes_adapter)")
+    lora_push: str = _key("auto", "how vLLM gets a LoRA policy: merged, adapter or auto (Config.pushes_adapter)")
     offload_optimizer: bool = _key(False, "keep optimizer state in CPU memory (DeepSpeed CPU Adam)")
-    # --- loss (grpo_loss.py; every default is the original CANOE run's; the options: docs/differences.md, D15)
+    # --- loss (grpo_loss.py); the options beside CANOE's, all off by default: docs/differences.md, D15
     beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
     clip_eps_low: float = _key(0.2, "ε_low: the ratio is clipped below at 1 − ε_low")
     clip_eps_high: float = _key(0.2, "ε_high: the ratio is clipped above at 1 + ε_high")
-    aggregation: str = _key("seq-mean-token-mean", "a name in variants.AGGREGATIONS: seq-mean-token-mean (the "
-                            "original), token-mean (DAPO) or seq-mean-token-sum-norm (Dr. GRPO: token sum / "
-                            "max_completion_tokens)")
+    aggregation: str = _key("seq-mean-token-mean", "variants.AGGREGATIONS: seq-mean-token-mean (CANOE), token-mean "
+                            "(DAPO) or seq-mean-token-sum-norm (Dr. GRPO)")
     advantage_eps: float = _key(1e-4, "eps in (r − mean) / (std + eps)")
-    advantage_rule: str = _key("sum_then_normalize", "a name in variants.ADVANTAGE_RULES: sum_then_normalize (CANOE: "
-                               "advantages of the weighted sum) or normalize_then_sum (GDPO: each reward normalised "
-                               "in its group, then summed)")
-    advantage_std: str = _key("unbiased", "unbiased (the original), biased, or none: A = r − mean (Dr. GRPO)")
-    num_iterations: int = _key(1, "μ, updates per rollout (1 = the original); from the 2nd on, the ratio and clip act")
+    advantage_rule: str = _key("sum_then_normalize", "variants.ADVANTAGE_RULES: sum_then_normalize (CANOE) or "
+                               "normalize_then_sum (GDPO)")
+    advantage_std: str = _key("unbiased", "unbiased (CANOE), biased, or none: A = r − mean (Dr. GRPO)")
+    num_iterations: int = _key(1, "μ, updates per rollout (1 = CANOE); from the 2nd on, the ratio and clip act")
     importance_cap: float = _key(0.0, "C of truncated importance sampling, min(π_old/π_vLLM, C) per token; 0 = off")
-    ratio_level: str = _key("token", "a name in variants.RATIO_LEVELS: token (PPO/GRPO) or sequence: one ratio per "
-                            "completion, geometric mean (GSPO)")
+    ratio_level: str = _key("token", "variants.RATIO_LEVELS: token (PPO/GRPO) or sequence (GSPO)")
     mask_truncated: bool = _key(False, "completions cut off by max_completion_tokens get no loss (DAPO)")
-    skip_zero_variance_groups: bool = _key(False, "groups whose advantages are all equal are left out of the loss (DAPO)")
-    dynamic_sampling_draws: int = _key(0, "D: a step draws new prompts up to D more times to replace the groups whose "
-                                       "advantages are all equal with groups whose are not (DAPO); 0 = off")
+    skip_zero_variance_groups: bool = _key(False, "groups whose advantages are all equal get no loss (DAPO)")
+    dynamic_sampling_draws: int = _key(0, "D: prompt redraws to replace groups of equal advantages (DAPO); 0 = off")
     # --- run
     output_dir: str = _key("runs/default", "run folder: config, metrics, samples, checkpoints")
     seed: int = _key(42, "seed of data order, sampling and initialisation")
     sample_every: int = _key(10, "write prompts and completions to samples.jsonl every N steps (0 = never)")
     save_every: int = _key(50, "checkpoint every N steps (the last step is always saved; 0 = only the last)")
     keep_checkpoints: int = _key(2, "how many checkpoints to keep")
-    max_bad_steps: int = _key(3, "stop after this many bad steps in a row: a non-finite loss, or an update DeepSpeed "
-                              "skipped for non-finite gradients")
-    dist_timeout_minutes: float = _key(60.0, "how long a collective may wait for the other ranks, e.g. while rank 0 "
-                                       "writes a checkpoint's policy/ (DeepSpeed's default: 10)")
+    max_bad_steps: int = _key(3, "stop after this many steps in a row with a non-finite loss or gradients")
+    dist_timeout_minutes: float = _key(60.0, "how long a collective may wait for the other ranks (DeepSpeed's: 10)")
     tensorboard: bool = _key(False, "also log to TensorBoard (OUTPUT_DIR/tensorboard)")
     wandb_project: str = _key("", "also log to this Weights & Biases project (needs `pip install wandb`)")
 
@@ -166,12 +143,10 @@ class Config:
                 "target_modules": list(self.lora_target_modules), "gradient_checkpointing": self.gradient_checkpointing}
 
     def pushes_adapter(self, dtype, *, cuda: bool) -> bool:
-        """Whether vLLM gets the LoRA adapter itself (lora.AdapterPush) rather than merged weights.
+        """Whether vLLM gets the LoRA adapter itself (lora.AdapterPush) rather than merged weights (lora.MergedPush).
 
-        `lora_push`, where "auto" means on a GPU outside float32: in bfloat16 a merged update below half a step of W
-        is lost. On the CPU vLLM's adapter kernels copy the adapter's matrices for every token, which costs far more
-        than a merged push (docs/library-notes.md, "An adapter on vLLM's CPU path"): there "auto" merges, and
-        `sync/lora_delta_*` say how much of the update arrives (lora.MergedPush).
+        "auto" means on a GPU outside float32, where a merged bfloat16 update below half a step of W would be lost;
+        on a CPU vLLM's adapter kernels cost far more than a merged push (docs/library-notes.md).
         """
         if not self.lora_rank:
             return False
@@ -182,31 +157,25 @@ class Config:
         return self.sync_tolerance or SYNC_TOLERANCE[dtype]
 
     def prompt_style(self) -> dict:
-        """How every prompt is rendered (data.render_prompt's keywords), in training and evaluation alike. The
-        example turn is named only when set, so a prompt without one keeps the keys it always had."""
+        """data.render_prompt's keywords, in training and evaluation alike; `example` only when one is set."""
         style = {"system_prompt": self.system_prompt or SYSTEM_PROMPT, "response_prefix": self.response_prefix}
         if self.example_problem:
             style["example"] = (self.example_problem, self.example_response)
         return style
 
 
-# The probe check's tolerance by dtype, in nats: the bound on the probe's trimmed maximum |Δ log-probability| between
-# vLLM and the trainer right after a push (weight_sync.check_sync sets the worst quarter of its tokens aside).
-# float32: both compute the same float32 weights with different kernels and agree to ~1e-5 nats (bench/probe_gap.py
-# on the default model, 50 probes: every token's gap at most 8.2e-5), while a push that did not land misses by
-# > 1e-2 (tests/packed_push.py). bfloat16: every matmul rounds to 8 bits of mantissa in kernels that differ (vLLM's
-# and torch's), so a few tokens differ by tenths of a nat (the same 50 probes: the largest 0.33, the mean 0.03, on a
-# CPU with avx512_bf16; on an AVX2-only CPU's bfloat16 kernels the largest 1.59, the trimmed maximum at most 0.17),
-# while stale kernels move most tokens by nats; the weights themselves are checked exactly there
-# (weight_sync.check_weight_sums, lora.check_adapter).
+# The push probe's bound on the trimmed maximum |Δ log-probability| (nats) between vLLM and the trainer, by dtype
+# (weight_sync.check_sync sets the worst quarter of the tokens aside). float32 kernels agree far below 1e-3 while a
+# push that did not land misses by more than 1e-2; bfloat16 kernels that round differently move a few tokens by
+# tenths of a nat, stale weights most tokens by nats (the weights themselves are checked exactly as well).
 SYNC_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5}
 
-# The allowed values of each key; a registry's (a dict of variants.py) are its names as they stand when a config is
-# validated, so a name a fork registers in variants.py is accepted.
+# The allowed values of each key; a registry's (a dict of variants.py) are its names when a config is validated, so a
+# name a fork registers is accepted.
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16"),
     "lora_push": ("auto", "merged", "adapter"),
-    "on_long_prompt": ("drop", "error"),
+    "on_long_prompt": OVERFLOW_RULES,
     "lr_scheduler": ("cosine", "constant"),
     "zero_stage": (2, 3),
     "aggregation": AGGREGATIONS,
@@ -271,8 +240,8 @@ def _validate(path: Path, cfg: Config) -> None:
             raise bad(key, f"must be one of {tuple(allowed)}")
     if cfg.num_generations < 2:
         raise bad("num_generations", "GRPO needs at least 2 samples per prompt to compare them")
-    for key in ("prompts_per_device", "gradient_accumulation_steps", "num_iterations", "max_prompt_tokens", "max_completion_tokens",
-                "reward_workers", "keep_checkpoints", "max_bad_steps"):
+    for key in ("prompts_per_device", "gradient_accumulation_steps", "num_iterations", "max_prompt_tokens",
+                "max_completion_tokens", "reward_workers", "keep_checkpoints", "max_bad_steps"):
         if getattr(cfg, key) < 1:
             raise bad(key, "must be at least 1")
     for key in ("max_steps", "dynamic_sampling_draws", "sample_every", "save_every", "beta", "weight_decay",
@@ -291,10 +260,12 @@ def _validate(path: Path, cfg: Config) -> None:
     if bool(cfg.example_problem) != bool(cfg.example_response):
         raise bad("example_problem", "set example_problem and example_response together, or neither")
     if cfg.advantage_rule not in ADVANTAGE_RULES:
-        raise bad("advantage_rule", f"must be one of {sorted(ADVANTAGE_RULES)} (a new rule is registered in variants.py)")
+        raise bad("advantage_rule", f"must be one of {sorted(ADVANTAGE_RULES)} (a new rule is registered in "
+                  "variants.py)")
     unknown = [name for name in cfg.rewards if name not in REWARD_FUNCS]
     if unknown or not cfg.rewards:
-        raise bad("rewards", f"unknown {unknown}; known: {sorted(REWARD_FUNCS)} (a new reward is registered in rewards.py)")
+        raise bad("rewards", f"unknown {unknown}; known: {sorted(REWARD_FUNCS)} (a new reward is registered in "
+                  "rewards.py)")
     not_numbers = [name for name, w in cfg.rewards.items() if isinstance(w, bool) or not isinstance(w, (int, float))]
     if not_numbers:
         raise bad("rewards", f"the weight of {not_numbers} must be a number")
@@ -314,7 +285,8 @@ def _validate(path: Path, cfg: Config) -> None:
 
 def describe_config() -> str:
     """Every key with its default, written as TOML, and its meaning."""
-    lines = ['base = "..."'.ljust(52) + "# optional: a config whose keys this file's keys override (path relative to it)"]
+    lines = ['base = "..."'.ljust(52) + "# optional: a config whose keys this file's keys override "
+             "(path relative to it)"]
     for f in dataclasses.fields(Config):
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         value = ("{" + ", ".join(f"{k} = {v}" for k, v in default.items()) + "}" if isinstance(default, dict)

@@ -296,11 +296,6 @@ def test_sampler_is_deterministic_and_reshuffles_each_epoch():
     assert take(data.PromptSampler(12, 3, seed=6), 4) != batches[:4]
 
 
-def test_sampler_iterates():
-    sampler = data.PromptSampler(10, 2, seed=0)
-    assert [next(iter(sampler)) for _ in range(3)] == take(data.PromptSampler(10, 2, seed=0), 3)
-
-
 def test_sampler_ranks_are_disjoint_and_cover_each_global_batch():
     ranks = [data.PromptSampler(14, 3, seed=1, rank=r, world_size=2) for r in range(2)]
     assert ranks[0].steps_per_epoch == 2  # 14 // 6; two rows skipped per epoch
