@@ -1,33 +1,27 @@
 """The weight sync: the trainer's weights into the colocated vLLM engine after every update, and the proof they landed.
 
-A GRPO trainer samples from the policy it trains, so after each optimizer step vLLM must hold the new weights. This
-file is the whole path, in the order a step takes it:
+In the order a push takes it (training/push.py's `WeightPush` calls these):
 
-1. **What is pushed** (`iter_full_parameters`): every parameter under its Hugging Face name. Under ZeRO-3 each
-   module's own parameters are gathered, copied and released before the next module, so the whole model is never
-   gathered at once; a tied embedding and head go once. A LoRA policy sends less, and its own way (lora.py: the
-   merged W + s·B·A of the adapted projections, or the adapter itself), through the loading and the checks below.
-2. **Loading** (`push_weights`, `push`): vLLM's in-place `reload_weights`, then, on the CPU, the packed linear
-   kernels rebuilt from the new values (`keep_cpu_linear_weights`: without it the push lands in parameters that
-   no kernel reads), then the prefix cache dropped.
-3. **The checks**: vLLM's log-probabilities of a fixed probe completion against the trainer's (`check_sync`; a
-   sync that silently fails is the most common bug in GRPO trainers), and outside float32, where the probe's
-   tolerance must leave room for two sets of bfloat16 kernels, the sums of the pushed weights against the
-   engine's (`check_weight_sums`: exact, blind to the kernels).
-4. **Memory hand-over** on CUDA: vLLM sleeps at level 2 from the end of sampling until the push
-   (`sleep_engine`), then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
-
-training/push.py (`WeightPush`, the driver's one push call) calls these in that order.
+1. What is pushed: every parameter under its Hugging Face name (`iter_full_parameters`, over `walk_modules`, the
+   one walk of the trainer's parameters, which gathers one module at a time under ZeRO-3). A LoRA policy sends
+   less (lora.py) through the same loading and checks.
+2. Loading (`push_weights`): vLLM's in-place `reload_weights`, the packed CPU linear kernels rebuilt from the new
+   values (`keep_cpu_linear_weights`), the prefix cache dropped.
+3. The checks: vLLM's log-probabilities of a fixed probe completion against the trainer's (`check_sync`), and
+   outside float32 the exact sums of the pushed weights against the engine's (`check_weight_sums`).
+4. Memory hand-over on CUDA: vLLM sleeps at level 2 from the end of sampling until the push (`sleep_engine`),
+   then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
 """
 
 from __future__ import annotations
 
 from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
+import contextlib
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import deepspeed
@@ -38,55 +32,53 @@ from vllm.model_executor.layers import utils as vllm_layer_utils
 from vllm.platforms import current_platform
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The trainer's weights, as vLLM holds them
-
-
 class WeightSyncError(RuntimeError):
     """vLLM's weights do not match the trainer's after a push."""
 
 
-def iter_full_parameters(model: torch.nn.Module, zero_stage: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, full tensor) for every parameter of the (DeepSpeed-wrapped) `model.module`, a shared one once.
+# --------------------------------------------------------------------------------------------------------------
+# The trainer's weights, as vLLM holds them
 
-    ZeRO-2 keeps full parameters on every rank, so they are yielded as they are. ZeRO-3 partitions them: each
-    module's own parameters are gathered, copied out and released before the next module is touched
-    (`own_full_parameters`), so at most one module is ever whole (never the whole model). Every rank must consume
-    the iterator in step, because a gather is a collective.
 
-    A parameter held by two modules (a tied input embedding and output head: `tie_word_embeddings`, Qwen2.5 up to
-    3B, Llama-3.2, SmolLM2) is yielded once, under its first name (`model.embed_tokens.weight`), on both paths:
-    `named_parameters` skips repeats itself, and the module walk keeps the ids it has seen. vLLM holds and loads
-    a tied tensor once too (docs/library-notes.md, "Tied embeddings"), so the sums compare alike
-    (`check_weight_sums`).
+def walk_modules(model: torch.nn.Module, zero_stage: int, *, only: Callable[[str], bool] | None = None,
+                 whole: type | tuple[type, ...] = ()) -> Iterator[tuple[str, torch.nn.Module, list | None]]:
+    """Yield (module name, module, own) for the modules of `model` in `named_modules` order, `own` the
+    (name, full tensor) pairs of the parameters the module holds itself.
+
+    Under ZeRO-3 each module's parameters are gathered and copied (vLLM may buffer a tensor past the gather) before
+    the next module, so the model is never whole; a gather is a collective, so every rank must walk in step. A
+    parameter held by an earlier module (a tied head: the embedding's) is left out, as `named_parameters` does and
+    vLLM holds it. `only(name)` false skips a module. A module of a `whole` type (a LoRA layer) is yielded with
+    `own` None while all its parameters, its children's too, are gathered, and its children are skipped.
     """
-    if zero_stage < 3:
-        for name, param in model.named_parameters():
-            yield name, param.detach()
-        return
     seen: set[int] = set()
-    for module_name, module in model.named_modules():
-        for name, tensor in own_full_parameters(module, zero_stage, seen):
-            yield (f"{module_name}.{name}" if module_name else name), tensor
-
-
-def own_full_parameters(module: torch.nn.Module, zero_stage: int,
-                        seen: set[int] | None = None) -> list[tuple[str, torch.Tensor]]:
-    """(name, full tensor) for the parameters `module` holds itself (not its children's).
-
-    ZeRO-2: the parameters as they are. ZeRO-3: gathered and copied, because vLLM may buffer tensors until a
-    whole layer has arrived and the gathered storage is freed when the gather ends. A collective under ZeRO-3:
-    every rank must call it for the same module. `seen` (ids of parameters already yielded by an earlier module,
-    updated here) leaves out a parameter that another module shares, such as a tied output head.
-    """
-    own = list(module.named_parameters(recurse=False))
-    if seen is not None:
-        own = [(name, p) for name, p in own if id(p) not in seen]
+    inside = None  # "NAME." of the last `whole` module: named_modules lists its sub-modules right after it
+    for name, module in model.named_modules():
+        if (inside and name.startswith(inside)) or (only is not None and not only(name)):
+            continue
+        if isinstance(module, whole):
+            inside = name + "."
+            params = list(module.parameters())
+            with deepspeed.zero.GatheredParameters(params) if zero_stage >= 3 and params else contextlib.nullcontext():
+                yield name, module, None
+            continue
+        own = [(key, p) for key, p in module.named_parameters(recurse=False) if id(p) not in seen]
         seen.update(id(p) for _, p in own)
-    if zero_stage < 3 or not own:
-        return [(name, p.detach()) for name, p in own]
-    with deepspeed.zero.GatheredParameters([p for _, p in own]):
-        return [(name, p.detach().clone()) for name, p in own]
+        if zero_stage < 3 or not own:
+            yield name, module, [(key, p.detach()) for key, p in own]
+            continue
+        with deepspeed.zero.GatheredParameters([p for _, p in own]):
+            copies = [(key, p.detach().clone()) for key, p in own]
+        yield name, module, copies
+
+
+def iter_full_parameters(model: torch.nn.Module, zero_stage: int, *,
+                         only: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, full tensor) for every parameter of `model` (`engine.module`), a shared one once; `only` and
+    ZeRO-3's gathering as in `walk_modules`."""
+    for module_name, _, own in walk_modules(model, zero_stage, only=only):
+        for name, tensor in own:
+            yield (f"{module_name}.{name}" if module_name else name), tensor
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -100,14 +92,10 @@ VLLM_CPU_DISPATCH = vllm_layer_utils.dispatch_cpu_unquantized_gemm
 def keep_cpu_linear_weights() -> None:
     """Make vLLM's CPU backend keep its linear weights as parameters, so that a push can reach them.
 
-    At load time vLLM's CPU backend hands every 2-D linear weight to `dispatch_cpu_unquantized_gemm`, which builds
-    a packed oneDNN or SGL kernel from a *copy* of the weight and, by default, replaces the parameter by an empty
-    tensor (docs/library-notes.md, "Packed CPU kernels"): `reload_weights` would then load new values that no
-    kernel reads, and generation would go on from the old weights. Here vLLM's own dispatch runs with
-    `remove_weight=False`: the parameters keep their values, `reload_weights` writes into them, and
-    `repack_cpu_linear` rebuilds the packed kernels from them after every push (`push_weights` does it).
-
-    Process-wide (it replaces the module attribute vLLM imports at load time); call it before creating an engine.
+    vLLM's CPU backend builds a packed kernel from a copy of each linear weight and by default empties the
+    parameter, so `reload_weights` would load values no kernel reads. Here its dispatch runs with
+    `remove_weight=False`, and `push_weights` rebuilds the kernels after every push. Process-wide; call it before
+    creating an engine.
     """
     if getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", None):
         return
@@ -120,8 +108,6 @@ def keep_cpu_linear_weights() -> None:
 
 
 def _repack_worker(worker) -> int:
-    """In the worker (this process): run vLLM's CPU dispatch again on every linear layer that has a packed
-    kernel, so the kernel is rebuilt from the parameter's current values. Returns the number of layers."""
     count = 0
     for module in worker.model_runner.model.modules():
         weight = getattr(module, "weight", None)
@@ -133,7 +119,7 @@ def _repack_worker(worker) -> int:
 
 def repack_cpu_linear(llm) -> int:
     """Rebuild the CPU engine's packed linear kernels from its (just reloaded) parameters; returns the layer
-    count. vLLM calls a function passed to `collective_rpc` with each worker (in-process here)."""
+    count."""
     return sum(llm.collective_rpc(_repack_worker))
 
 
@@ -142,8 +128,7 @@ def cpu_kernels_are_packed() -> bool:
     return not torch.cuda.is_available() and getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", True)
 
 
-# What vLLM's in-place reload logs, at warning level, for every layer a push leaves out: expected of a partial push
-# (docs/library-notes.md, "The in-place reload").
+# What vLLM's in-place reload logs, at warning level, for every layer a partial push leaves out.
 PARTIAL_RELOAD_MESSAGES = ("%s: Failed to load weights", "Following weights were not loaded from checkpoint: %s")
 
 
@@ -156,11 +141,9 @@ def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bo
                  partial: bool = False) -> float:
     """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache. Returns seconds.
 
-    On the CPU with packed kernels, the kernels are rebuilt from the new parameters (`repack`; None means "when
-    the engine's kernels are packed"). vLLM's reload rebuilds the kernel of each layer it loads, but not of a tied
-    head whose embedding was loaded: after a whole-model push `repack=False` leaves the engine generating from
-    the old head, and the push verification (`check_sync`) must then fail, which tests/test_rollout.py shows.
-    `partial` (some weights left out, as `MergedPush` sends) silences the reload's warning for each of them.
+    `repack` rebuilds the packed CPU kernels afterwards (None: where the engine's kernels are packed). The reload
+    rebuilds the kernel of each layer it loads but not a tied head's, so a whole-model push needs it. `partial`
+    (some weights left out, as lora.MergedPush sends) silences the reload's warning for each of them.
     """
     start = time.perf_counter()
     loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}") for name in ("layerwise", "inplace")]
@@ -174,16 +157,14 @@ def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bo
             logger.removeFilter(quiet)
     if cpu_kernels_are_packed() if repack is None else repack:
         repack_cpu_linear(llm)
-    # Cached KV blocks were computed by the old weights.
-    llm.reset_prefix_cache()
+    llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
     return time.perf_counter() - start
 
 
 def push(llm, model: torch.nn.Module, zero_stage: int, *, sums: WeightSums | None = None,
          dtype: torch.dtype | None = None) -> float:
-    """A fully trained policy into the engine: every parameter (`iter_full_parameters`); returns seconds. `sums`
-    adds up what the engine should now hold, cast to the engine's `dtype`, for `check_weight_sums`. A LoRA policy
-    goes through lora.push, which sends less and uses the loading and the checks of this file."""
+    """A fully trained policy into the engine, every parameter; returns seconds. `sums` adds up what the engine
+    should now hold, cast to the engine's `dtype`, for `check_weight_sums`. A LoRA policy goes through lora.push."""
     weights = iter_full_parameters(model, zero_stage)
     if sums is not None:
         weights = summed(weights, sums, dtype)
@@ -198,14 +179,9 @@ PROBE_PROMPT_TOKENS = 16
 
 
 def make_probe(tokenizer, prompt_ids: Sequence[int]) -> tuple[list[int], list[int]]:
-    """A fixed prompt and completion whose log-probabilities vLLM and the trainer must agree on after a push.
-
-    The prompt is the last PROBE_PROMPT_TOKENS tokens of a training prompt (the end of the question and the
-    assistant turn's opening): every weight acts on every token, so a short probe catches a push that did not land
-    as well as a long one, and its cost grows with its length (the trainer's forward of it is most of the check).
-    Outside float32 the weights themselves are checked exactly by their sums (`check_weight_sums`); the probe
-    checks what computes with them (the packed CPU kernels, an adapter applied by vLLM).
-    """
+    """(prompt, completion) ids whose log-probabilities vLLM and the trainer must agree on after a push: the
+    last PROBE_PROMPT_TOKENS tokens of a training prompt and a fixed answer. Every weight acts on every token, so
+    a short probe catches a push that did not land as well as a long one, and costs less."""
     completion = ("<think>The passage answers the question directly.</think>\n<long_answer>According to the "
                   "passage, the answer is stated in its first sentence.</long_answer>\n<answer>")
     ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
@@ -228,18 +204,17 @@ def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence
     return torch.tensor([step[token].logprob for step, token in zip(steps, completion_ids)], dtype=torch.float32)
 
 
-# The probe's statistic sets aside its worst quarter of tokens: kernel rounding moves a few tokens by tenths of a nat
-# in bfloat16 (on one CPU's kernels up to 4 of 34 beyond 0.5), while stale kernels or an engine that does not read
-# the pushed weights move most tokens.
+# The probe sets aside its worst quarter of tokens: bfloat16 kernel rounding moves a few tokens by tenths of a nat,
+# while stale kernels or an engine that does not read the pushed weights move most tokens.
 PROBE_SET_ASIDE = 0.25
 
 
 def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tolerance: float,
                sums: str = "were not compared") -> dict[str, float]:
     """Raise WeightSyncError unless vLLM's and the trainer's `(T,)` log-probabilities of the probe agree: the probe's
-    trimmed maximum |Δ|, the largest once its worst ⌊PROBE_SET_ASIDE · T⌋ tokens are set aside, within `tolerance`
-    (so at most that many tokens may lie beyond it), and every value finite. `sums` says what the weight sums found,
-    for the message. Returns `sync/push_trimmed_abs_diff` and `sync/push_max_abs_diff`.
+    trimmed maximum |Δ|, the largest once its worst ⌊PROBE_SET_ASIDE · T⌋ tokens are set aside, within `tolerance`,
+    and every value finite. `sums` says what the weight sums found, for the message. Returns
+    `sync/push_trimmed_abs_diff` and `sync/push_max_abs_diff`.
     """
     assert vllm_logprobs.shape == trainer_logprobs.shape, (vllm_logprobs.shape, trainer_logprobs.shape)
     diff = (vllm_logprobs.float() - trainer_logprobs.float().cpu()).abs()  # (T,)
@@ -271,22 +246,15 @@ _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 class WeightSums:
     """Exact integer sums over the bits of a set of weight tensors: a checksum of a push that needs no name mapping.
 
-    Each value is read as the signed integer of its bits (a bfloat16 as an int16, a float32 as an int32), so the
-    sums are exact and the pushed tensors, cast to the engine's dtype, sum to what the engine holds exactly when
-    every value landed bit for bit. vLLM holds some weights fused (q, k and v in one `qkv_proj`, gate and up in one
-    `gate_up_proj`) and pads the vocabulary rows of the embedding with zeros at every load, so its
-    parameters are not the pushed tensors one for one; the sums are ones that row-wise fusion and zero rows (whose
-    bits are 0) leave unchanged: `total` = Σ bits over every value, and `placed` = Σ (1 + layer) · c_j · bits[i, j]
-    over the matrices, where j is the column (c_j = 1 + j mod 97) and `layer` the decoder layer its name holds
-    ("layers.3." → 3; 0 elsewhere), both of which vLLM keeps. `total` sees a value that did not land; `placed` also
-    sees values that landed in the wrong place: a transposed matrix (its columns become rows) and same-shape
-    matrices of two layers swapped. Blind spots: rows swapped within a matrix, two same-shape matrices swapped
-    within one layer, and changes that cancel in both sums. One pass over the values (column sums of the bits,
-    in int32 for 16-bit values), about 0.2 ns a value on a 2-core CPU against ~7 for float64 sums.
+    Each value is read as the signed integer of its bits, so the pushed tensors, cast to the engine's dtype, sum to
+    what the engine holds exactly when every value landed bit for bit. vLLM fuses some weights (q, k, v into
+    `qkv_proj`) and zero-pads the embedding's rows, so the sums are ones that row-wise fusion and zero rows leave
+    unchanged: `total` = Σ bits, and `placed` = Σ (1 + layer) · c_j · bits[i, j] over the matrices, c_j = 1 + j mod
+    97 for column j, `layer` the decoder layer its name holds ("layers.3." → 3; 0 elsewhere). `placed` also sees a
+    transposed matrix and same-shape matrices of two layers swapped; rows swapped within a matrix it cannot see.
 
-    `scope` names the modules (Hugging Face names, "model.layers.3.self_attn.q_proj") whose weights the sums cover
-    when a push sends part of the model (`engine_weight_sums` then sums the engine's parameters built from those
-    modules only); None means the whole model.
+    `scope` names the modules (Hugging Face names) whose weights the sums cover when a push sends part of the model
+    (`engine_weight_sums` then sums only the engine's parameters built from them); None is the whole model.
     """
 
     total: int = 0
@@ -311,7 +279,7 @@ class WeightSums:
         if tensor.dim() >= 2:
             weights = 1 + torch.arange(matrix.shape[1], device=matrix.device) % 97  # c_j, int64
             # Σ_j c_j · columns_j in two int64 halves that cannot overflow: columns = high · 2^24 + low. A product
-            # and a sum, not `@`: CUDA has no integer dot/matmul (tests/test_cuda_kernels.py).
+            # and a sum, not `@`: CUDA has no integer matmul.
             high = columns >> 24
             low = columns - (high << 24)
             self.placed += (1 + self.layer_of(name)) * ((int((high * weights).sum()) << 24) + int((low * weights).sum()))
@@ -321,7 +289,7 @@ class WeightSums:
         self.add(tensor.to(dtype), name)
 
     def add_sums(self, other: WeightSums) -> None:
-        """Add the sums of another set of tensors (this set and that one, as if added tensor by tensor)."""
+        """Add the sums of another set of tensors, as if added tensor by tensor."""
         self.total += other.total
         self.placed += other.placed
 
@@ -336,8 +304,8 @@ def summed(weights: Iterable[tuple[str, torch.Tensor]], sums: WeightSums,
 
 def in_scope(name: str, scope: frozenset[str] | None, packed: dict[str, list[str]]) -> bool:
     """Whether the engine's parameter `name` is built from modules of `scope` only: a fused module
-    ("model.layers.3.self_attn.qkv_proj") from its parts as the model's `packed_modules_mapping` lists them (q_proj,
-    k_proj and v_proj), any other module from itself. None is the whole model."""
+    ("model.layers.3.self_attn.qkv_proj") from its parts in the model's `packed_modules_mapping`, any other module
+    from itself. None is the whole model."""
     if scope is None:
         return True
     parent, _, module = name.rpartition(".")[0].rpartition(".")
@@ -355,24 +323,17 @@ def _engine_sums_worker(worker, scope: frozenset[str] | None = None) -> WeightSu
 
 
 def engine_weight_sums(llm, scope: frozenset[str] | None = None) -> WeightSums:
-    """The WeightSums of the engine's parameters built from the modules of `scope` (all with None). vLLM calls a
-    function given to `collective_rpc` with its worker (one worker here, tensor parallel 1); the fused modules'
-    parts come from the model's `packed_modules_mapping` (a class attribute of vLLM's ...ForCausalLM models).
-    Shared parameters count once, as in the trainer's `named_parameters`."""
+    """The WeightSums of the engine's parameters built from the modules of `scope` (all with None); a shared
+    parameter counts once, as in the trainer's walk."""
     return llm.collective_rpc(_engine_sums_worker, kwargs={"scope": scope})[0]
 
 
 def check_weight_sums(pushed: WeightSums, engine: WeightSums) -> float:
-    """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns 0.0 (the sums are exact
-    integers: equal, or the push failed).
+    """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns 0.0 (the sums are exact).
 
-    What it detects: any pushed value that did not land bit for bit (a stale or partial push, a push into an engine
-    whose memory was remapped, weights that vLLM changed after loading), however small the change: one bfloat16
-    step of one weight of an 8B model moves `total`. `placed` moves when a matrix landed transposed or in another
-    layer's place. What it cannot detect: an engine that computes wrongly from the right weights (stale packed CPU
-    kernels, an adapter applied wrongly) and weights vLLM holds outside the sums' scope; the probe (`check_sync`)
-    covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not parameters, so with the adapter
-    pushed apart the sums cover W; the adapter's own values are checked in vLLM's LoRA slot (lora.check_adapter).
+    It sees any pushed value that did not land bit for bit, however small the change, and (`placed`) a matrix that
+    landed transposed or in another layer's place. It cannot see an engine that computes wrongly from the right
+    weights (stale packed CPU kernels, an adapter applied wrongly): the probe (`check_sync`) covers that.
     """
     if (pushed.total, pushed.placed) != (engine.total, engine.placed):
         raise WeightSyncError(
@@ -394,11 +355,9 @@ def sleep_supported() -> bool:
 def sleep_engine(llm, enabled: bool) -> None:
     """Give vLLM's memory to the trainer after sampling: sleep at level 2, which unmaps the weights and the KV cache.
 
-    The engine stays asleep through the update; `wake_weights`, the push and `wake_kv_cache` follow, in that order,
-    so that weights are only ever written into mapped memory. Level 2 rather than 1: level 1 copies every weight
-    to the host at each sleep and back at wake-up, about 15 GiB each way per rank and step for an 8B model in
-    bfloat16, only for the push to overwrite it. At level 2 only the module buffers (rotary tables) are kept and put
-    back when the weights wake; every parameter is pushed (docs/library-notes.md, "Sleep levels").
+    `wake_weights`, the push and `wake_kv_cache` follow in that order, so weights are only written into mapped
+    memory. Level 2, not 1: level 1 copies every weight to the host and back only for the push to overwrite it.
+    At level 2 only the module buffers (rotary tables) are kept, so every parameter must be pushed.
     """
     if enabled:
         llm.sleep(level=2)
@@ -411,7 +370,6 @@ def wake_weights(llm, enabled: bool) -> None:
 
 
 def wake_kv_cache(llm, enabled: bool) -> None:
-    """Map the KV cache again; vLLM serves requests only once nothing sleeps (docs/library-notes.md, "Sleep
-    levels")."""
+    """Map the KV cache again; vLLM serves requests only once nothing sleeps."""
     if enabled:
         llm.wake_up(tags=["kv_cache"])
