@@ -26,12 +26,10 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
+from vllm.lora.request import LoRARequest
 
 from plumbing import weight_sync
 from plumbing.weight_sync import WeightSums, WeightSyncError
-
-# PEFT puts the wrapped model under these two attributes: "base_model.model.layers.0..." is "model.layers.0...".
-PEFT_PREFIX = "base_model.model."
 
 
 class LoraSetupError(ValueError):
@@ -47,9 +45,7 @@ def wrap(model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, tar
         wrapped = get_peft_model(model, config)
     except ValueError as error:  # PEFT names the target modules it did not find
         raise LoraSetupError(f"lora_target_modules = {list(target_modules)}: {error}") from None
-    if gradient_checkpointing:
-        # With every base weight frozen, the embedding output needs a gradient for the checkpointed layers'
-        # backward to reach the adapters.
+    if gradient_checkpointing:  # W frozen: the checkpointed layers' backward needs a gradient at their input
         wrapped.enable_input_require_grads()
     return wrapped
 
@@ -61,13 +57,9 @@ def is_lora(model: torch.nn.Module) -> bool:
 
 @contextlib.contextmanager
 def adapters_disabled(model: torch.nn.Module):
-    """Inside: the base model, i.e. π_ref. `model` may be the DeepSpeed engine around it; a plain model is left
-    as it is."""
+    """Inside: the base model, i.e. π_ref (`model` may be the DeepSpeed engine; a plain model stays as it is)."""
     model = getattr(model, "module", model)
-    if not is_lora(model):
-        yield
-        return
-    with model.disable_adapter():
+    with model.disable_adapter() if is_lora(model) else contextlib.nullcontext():
         yield
 
 
@@ -77,7 +69,7 @@ def hf_name(name: str) -> str:
     >>> hf_name("base_model.model.model.layers.0.mlp.up_proj")
     'model.layers.0.mlp.up_proj'
     """
-    return name.removeprefix(PEFT_PREFIX)
+    return name.removeprefix("base_model.model.")  # PEFT wraps the model under these two attributes
 
 
 def adapter_state(model: PeftModel, zero_stage: int) -> dict[str, torch.Tensor]:
@@ -97,16 +89,9 @@ def trainable_parameters(model: torch.nn.Module) -> int:
     return sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters() if p.requires_grad)
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The merged push: W + s·B·A
-
-
 class MergedPush:
-    """A LoRA policy pushed to vLLM as merged weights W + s·B·A, and how much of the update arrives.
-
-    Only the adapted projections change, and the engine loaded the same W at start, so a push sends the
-    projections of every module that holds an adapted one (`changed_modules`): vLLM fuses q, k and v (and gate and
-    up) and a fused parameter loaded in part loses the parts not sent. After a level-2 sleep the whole model goes.
+    """A LoRA policy pushed as merged weights W + s·B·A (only the modules `changed_modules` names, unless a level-2
+    sleep lost every weight), and how much of the update arrives.
 
     Outside float32 the merged weight is rounded to W's dtype, so an entry of Δ = s·B·A below half a step of W is
     lost. `measure` follows a fixed sample of SAMPLE entries of every adapted weight: `sync/lora_delta_cosine`
@@ -207,8 +192,8 @@ def exact_delta(layer: LoraLayer) -> torch.Tensor:
 
 
 def changed_modules(model: PeftModel) -> set[str]:
-    """The modules a `changed_only` push sends: every adapted projection and every plain projection beside one in
-    the same parent (vLLM fuses q, k and v, and gate and up, so they travel together)."""
+    """The modules a `changed_only` push sends: every adapted projection and every plain one beside it, because
+    vLLM fuses q, k and v (gate and up) and a fused parameter loaded in part loses the parts not sent."""
     modules = dict(model.named_modules())
     adapted = {name for name, module in modules.items() if isinstance(module, LoraLayer)}
     holders = {name.rpartition(".")[0] for name in adapted}
@@ -222,9 +207,8 @@ def policy_weights(model: torch.nn.Module, zero_stage: int, merged_push: MergedP
     each adapted module's merged W + s·B·A (`merged_weights`), every other parameter as it is, the adapters left
     out. With `changed_only` only what training changes and what vLLM fuses with it (`changed_modules`). Every rank
     must consume it in step (weight_sync.walk_modules)."""
-    sent = changed_modules(model) if changed_only else None
-    walk = weight_sync.walk_modules(model, zero_stage, only=None if sent is None else sent.__contains__, whole=LoraLayer)
-    for name, module, own in walk:
+    only = changed_modules(model).__contains__ if changed_only else None
+    for name, module, own in weight_sync.walk_modules(model, zero_stage, only=only, whole=LoraLayer):
         if own is None:  # a LoRA layer, gathered whole
             merged = merged_weights(module, merged_push, hf_name(name))
             yield from ((f"{hf_name(name)}.{key}", tensor) for key, tensor in merged.items())
@@ -239,18 +223,12 @@ def base_weights(model: PeftModel, zero_stage: int) -> Iterator[tuple[str, torch
     return ((hf_name(name).replace(".base_layer.", "."), tensor) for name, tensor in weights)
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The adapter push: W once, the adapter into vLLM's LoRA slot at every push
-
-
 class AdapterPush:
     """The adapter itself pushed into vLLM's LoRA support, so that no update is lost to rounding in W + s·B·A.
 
-    vLLM computes W·x + s·B·(A·x) (`LLM(enable_lora=True)`, rollout.make_engine). Each push writes the adapter in
-    PEFT's format into this rank's folder and loads it under a NEW id, because vLLM reads an id once; the engine
-    keeps one adapter, so the new one evicts the old. The push checks that the engine holds only the new id and
-    that its LoRA slot holds the adapter bit for bit (`check_adapter`); every request names it (`request`). A
-    level-2 sleep discards the slots, so the adapter is loaded after the weights wake.
+    Each push writes the adapter in PEFT's format into this rank's folder and loads it under a new id (vLLM reads
+    an id once; it keeps one adapter, so the new one evicts the old), then checks that the engine holds only that
+    id and that its LoRA slot holds the adapter bit for bit (`check_adapter`). Every request names it (`request`).
     """
 
     def __init__(self, folder):
@@ -261,8 +239,8 @@ class AdapterPush:
         self._base_sums: dict[torch.dtype, WeightSums] = {}
 
     def base_sums(self, model: PeftModel, zero_stage: int, dtype: torch.dtype) -> WeightSums:
-        """The WeightSums of the base weights W as the engine holds them (cast to `dtype`). W is frozen, so they
-        are computed once (every rank walks, a collective under ZeRO-3)."""
+        """The WeightSums of W as the engine holds it (cast to `dtype`), computed once (W is frozen); every rank
+        calls it."""
         if dtype not in self._base_sums:
             sums = WeightSums()
             for name, tensor in base_weights(model, zero_stage):
@@ -272,9 +250,7 @@ class AdapterPush:
 
     def push(self, llm, model: PeftModel, zero_stage: int) -> float:
         """Write the current adapter, load it under a new id and drop the previous folder; returns seconds. Every
-        rank calls it and writes its own folder."""
-        from vllm.lora.request import LoRARequest
-
+        rank calls it."""
         start = time.perf_counter()
         state = adapter_state(model, zero_stage)
         self.count += 1
@@ -298,7 +274,8 @@ def adapter_sums(model: PeftModel, state: dict[str, torch.Tensor], dtype: torch.
     """The WeightSums of the adapter `state` as vLLM holds it: A cast to the engine's dtype, B cast and then
     multiplied by its layer's scaling in that dtype (vLLM folds s into B). None when an adapter is an embedding's,
     which the check does not cover."""
-    scalings = {hf_name(name): module.scaling for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    layers = model.named_modules()
+    scalings = {hf_name(name): module.scaling for name, module in layers if isinstance(module, LoraLayer)}
     sums = WeightSums()
     for name, tensor in state.items():
         module, _, rest = hf_name(name).partition(".lora_")  # "model.layers.0.self_attn.q_proj", "B.default.weight"
@@ -357,9 +334,8 @@ def push(llm, model: PeftModel, zero_stage: int, *, adapter: AdapterPush | None 
             weights = weight_sync.summed(weights, sums, dtype)
             if partial:  # the engine's sums are then taken over what this push reloaded
                 sums.scope = frozenset(hf_name(name) for name in changed_modules(model))
-        if partial:  # the reload re-packs what it loads; the embedding, whose tied head would need it, is never sent
-            return weight_sync.push_weights(llm, weights, repack=False, partial=True)
-        return weight_sync.push_weights(llm, weights)
+        # A partial reload re-packs what it loads; the embedding, whose tied head would need it, is never sent.
+        return weight_sync.push_weights(llm, weights, repack=False if partial else None, partial=partial)
     seconds = weight_sync.push_weights(llm, base_weights(model, zero_stage)) if base else 0.0
     if sums is not None:
         sums.add_sums(adapter.base_sums(model, zero_stage, dtype))

@@ -5,38 +5,27 @@
 vLLM starts only if the device's free memory is at least total × `gpu_memory_utilization`, and the engine is
 created after the trainer has allocated (canoe.setup), so its share must fit in what the trainer leaves free; each
 recipe's `vllm_gpu_memory_utilization` comes from this plan. Per GPU, with P parameters, w bytes per value of the
-training dtype and W ranks (ZeRO partitions over W):
+training dtype and W ranks:
 
-    resident all step      policy weights      w·P (ZeRO-2)            w·P/W (ZeRO-3)
-                           gradients           w·P/W partition + 4·P/W float32 copy at the step + the reduce
-                                               bucket (with offload only the bucket stays on the GPU)
-                           optimizer state     12·P/W (float32 master weights and two Adam moments; 0 with offload)
-                           ZeRO-3 gathering    stage3_max_live_parameters · w (DeepSpeed's default 1e9)
-                           reference model     as the policy weights; 0 when β = 0
-                           CUDA context        a fixed reserve (context, NCCL buffers, allocator fragmentation)
-    training only          vLLM asleep         an allowance for what the engine keeps outside its sleep pool
-                           activations         one micro-batch packed into one row, worst case:
-                                               L = prompts_per_device · (max_prompt + G · max_completion) tokens,
-                                               T = prompts_per_device · G · max_completion predicted tokens
-                                               - a layer keeps L · (10h + 4·I) · w for backward; with gradient
-                                                 checkpointing only its input, L · h · w, plus one recomputed layer
-                                               - the output head: the logits and their gradient 2 · T · V · w,
-                                                 three float32 chunks of token_logprobs' backward 3 · 512 · V · 4,
-                                                 and (5L + T) · h · w around the head; with checkpointing the
-                                                 larger of it and one recomputed layer counts
-                                               - the attention mask and its boolean form: L · L8 · w + L², L8 = L
-                                                 rounded up to 8 (packing.attention_mask)
-    rollout only           vLLM                the share × total: weights w·P, its working memory (profile-run
-                                               peak and CUDA graphs) and the KV cache, which gets the rest
-                                               (2 · layers · kv · w bytes per token)
+- resident all step: the policy weights w·P (ZeRO-3: w·P/W); the gradients, a w·P/W partition, its 4·P/W
+  float32 copy and the reduce bucket (with offload the bucket only); the optimizer state 12·P/W (0 with offload);
+  under ZeRO-3 the gathered parameters, stage3_max_live_parameters · w; a reference model as large as the policy
+  weights (0 when β = 0); a fixed CUDA reserve.
+- training only: an allowance for what a sleeping engine keeps, and the activations of one micro-batch packed
+  into one row, worst case (L = prompts_per_device · (max_prompt + G · max_completion) tokens, T of them
+  predicted): L · (10h + 4I) · w per layer; the head's 2 · T · V · w for the logits and their gradient,
+  3 · 512 · V · 4 for token_logprobs' float32 chunks and (5L + T) · h · w around it; with gradient checkpointing
+  L · h · w per layer and the larger of the head and one recomputed layer; the mask L · L8 · w + L², L8 = L
+  rounded up to 8.
+- rollout only: vLLM's share × total, its weights w·P, its working memory and the KV cache, which gets the rest
+  (2 · layers · kv · w bytes per token).
 
-With LoRA (`lora_rank = r > 0`) gradients, their float32 copy and Adam's state exist only for the T adapter
-parameters (r · (in + out) per adapted module, `lora_parameters`), the reduce bucket holds at most T gradients,
-and there is no reference model; activations are the same. With sleep mode (CUDA) vLLM sleeps while the trainer
-trains, so the peak is the larger of resident + activations and resident + share × total; without it both add
-up. The 10h + 4I per token of a layer: each RMSNorm its float32 input and bfloat16 output (3h, twice), attention
-the rotated q, k, v repeated to every head and its output (4h), the MLP gate, up, act(gate) and act(gate)·up
-(4I). The architecture comes from the model folder's config.json, else from `KNOWN_ARCHITECTURES` by name.
+The 10h + 4I per token of a layer: each RMSNorm its float32 input and bfloat16 output (3h, twice), attention the
+rotated q, k, v repeated to every head and its output (4h), the MLP gate, up, act(gate) and act(gate)·up (4I).
+With LoRA (`lora_rank = r > 0`) gradients and optimizer state exist only for the T adapter parameters
+(`lora_parameters`), the bucket holds at most T gradients, and there is no reference model. With sleep mode vLLM
+sleeps while the trainer trains, so the peak is the larger of the two phases; without it both add up. The
+architecture comes from the model folder's config.json, else from `KNOWN_ARCHITECTURES` by name.
 """
 
 from __future__ import annotations

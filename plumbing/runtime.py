@@ -189,27 +189,29 @@ def route_logs(out: Path, rank: int, *, verbose: bool = False) -> dict[str, Path
     return {"vllm": _route_vllm(out, rank, verbose=verbose), "deepspeed": _route_deepspeed(out, rank)}
 
 
-def log_file(out: Path, name: str, rank: int) -> Path:
-    """`out/NAME.log` on rank 0, `out/NAME-rank-R.log` on rank R > 0."""
-    return out / (f"{name}.log" if rank == 0 else f"{name}-rank-{rank}.log")
-
-
 def is_terminal_handler(handler: logging.Handler) -> bool:
-    """A stream handler other than a file's (vLLM's and DeepSpeed's write to stdout; a FileHandler is a
-    StreamHandler too)."""
+    """A stream handler other than a file's (a FileHandler is a StreamHandler too)."""
     return isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
 
 
-def _to_file(logger: logging.Logger, path: Path, level: int, formatter: logging.Formatter) -> None:
-    """Add (or replace, on a second call) `route_logs`'s FileHandler on `logger`."""
+def _to_file(logger: logging.Logger, out: Path, name: str, rank: int, level: int, formatter: logging.Formatter,
+             terminal: int | None) -> Path:
+    """Add (or replace, on a second call) `route_logs`'s FileHandler on `logger`, writing at `level` to
+    `out/NAME.log` on rank 0 and `out/NAME-rank-R.log` on rank R, and raise its terminal handlers to `terminal`
+    (None: leave them); returns the file's path."""
     for handler in [h for h in logger.handlers if h.get_name() == LOG_FILE_HANDLER]:
         logger.removeHandler(handler)
         handler.close()
+    path = out / (f"{name}.log" if rank == 0 else f"{name}-rank-{rank}.log")
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.set_name(LOG_FILE_HANDLER)
     handler.setLevel(level)
     handler.setFormatter(formatter)
     logger.addHandler(handler)
+    for handler in logger.handlers if terminal is not None else []:
+        if is_terminal_handler(handler):
+            handler.setLevel(max(handler.level, terminal))
+    return path
 
 
 def _route_vllm(out: Path, rank: int, *, verbose: bool) -> Path:
@@ -221,24 +223,15 @@ def _route_vllm(out: Path, rank: int, *, verbose: bool) -> Path:
     configure_logging_if_needed(config)  # what the engine does at its start; it then leaves the handlers alone
     logger = logging.getLogger("vllm")
     plain = DEFAULT_LOGGING_CONFIG["formatters"]["vllm"]  # vLLM's text format, without the terminal's colours
-    path = log_file(out, "vllm", rank)
-    _to_file(logger, path, logger.getEffectiveLevel(),
-             NewLineFormatter(plain["format"], plain["datefmt"], log_level=config.log_level))
-    if not verbose:
-        for handler in logger.handlers:
-            if is_terminal_handler(handler):
-                handler.setLevel(max(handler.level, logging.ERROR))
-    return path
+    formatter = NewLineFormatter(plain["format"], plain["datefmt"], log_level=config.log_level)
+    return _to_file(logger, out, "vllm", rank, logger.getEffectiveLevel(), formatter,
+                    None if verbose else logging.ERROR)
 
 
 def _route_deepspeed(out: Path, rank: int) -> Path:
     from deepspeed.utils import logger
 
-    path = log_file(out, "deepspeed", rank)
     formatter = next((h.formatter for h in logger.handlers if h.formatter is not None), logging.Formatter())
-    _to_file(logger, path, logging.INFO, formatter)
-    for handler in logger.handlers:
-        if is_terminal_handler(handler):
-            handler.setLevel(max(handler.level, logging.WARNING))
+    path = _to_file(logger, out, "deepspeed", rank, logging.INFO, formatter, logging.WARNING)
     logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
     return path

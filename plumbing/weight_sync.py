@@ -1,16 +1,11 @@
 """The weight sync: the trainer's weights into the colocated vLLM engine after every update, and the proof they landed.
 
-In the order a push takes it (training/push.py's `WeightPush` calls these):
-
-1. What is pushed: every parameter under its Hugging Face name (`iter_full_parameters`, over `walk_modules`, the
-   one walk of the trainer's parameters, which gathers one module at a time under ZeRO-3). A LoRA policy sends
-   less (lora.py) through the same loading and checks.
-2. Loading (`push_weights`): vLLM's in-place `reload_weights`, the packed CPU linear kernels rebuilt from the new
-   values (`keep_cpu_linear_weights`), the prefix cache dropped.
-3. The checks: vLLM's log-probabilities of a fixed probe completion against the trainer's (`check_sync`), and
-   outside float32 the exact sums of the pushed weights against the engine's (`check_weight_sums`).
-4. Memory hand-over on CUDA: vLLM sleeps at level 2 from the end of sampling until the push (`sleep_engine`),
-   then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
+In the order a push takes it (training/push.py's `WeightPush` calls these): every parameter under its Hugging Face
+name (`iter_full_parameters` over `walk_modules`, the one walk of the trainer's parameters; a LoRA policy sends
+less, lora.py); vLLM's in-place reload (`push_weights`); the checks, vLLM's log-probabilities of a fixed probe
+against the trainer's (`check_sync`) and outside float32 the exact sums of the pushed weights against the
+engine's (`check_weight_sums`). On CUDA vLLM sleeps at level 2 from the end of sampling until the push
+(`sleep_engine`), then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
 """
 
 from __future__ import annotations
@@ -36,20 +31,14 @@ class WeightSyncError(RuntimeError):
     """vLLM's weights do not match the trainer's after a push."""
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The trainer's weights, as vLLM holds them
-
-
 def walk_modules(model: torch.nn.Module, zero_stage: int, *, only: Callable[[str], bool] | None = None,
                  whole: type | tuple[type, ...] = ()) -> Iterator[tuple[str, torch.nn.Module, list | None]]:
-    """Yield (module name, module, own) for the modules of `model` in `named_modules` order, `own` the
-    (name, full tensor) pairs of the parameters the module holds itself.
+    """Yield (module name, module, own) in `named_modules` order, `own` the (name, full tensor) pairs of the
+    parameters the module holds itself, less any an earlier module holds (a tied head), as vLLM holds them.
 
-    Under ZeRO-3 each module's parameters are gathered and copied (vLLM may buffer a tensor past the gather) before
-    the next module, so the model is never whole; a gather is a collective, so every rank must walk in step. A
-    parameter held by an earlier module (a tied head: the embedding's) is left out, as `named_parameters` does and
-    vLLM holds it. `only(name)` false skips a module. A module of a `whole` type (a LoRA layer) is yielded with
-    `own` None while all its parameters, its children's too, are gathered, and its children are skipped.
+    Under ZeRO-3 each module's parameters are gathered and copied before the next module, so the model is never
+    whole; a gather is a collective, so every rank must walk in step. `only(name)` false skips a module. A module
+    of a `whole` type is yielded with `own` None while all its parameters are gathered; its children are skipped.
     """
     seen: set[int] = set()
     inside = None  # "NAME." of the last `whole` module: named_modules lists its sub-modules right after it
@@ -81,10 +70,6 @@ def iter_full_parameters(model: torch.nn.Module, zero_stage: int, *,
             yield (f"{module_name}.{name}" if module_name else name), tensor
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Loading into the engine
-
-
 # vLLM's own dispatch, kept before keep_cpu_linear_weights replaces the module attribute.
 VLLM_CPU_DISPATCH = vllm_layer_utils.dispatch_cpu_unquantized_gemm
 
@@ -92,9 +77,8 @@ VLLM_CPU_DISPATCH = vllm_layer_utils.dispatch_cpu_unquantized_gemm
 def keep_cpu_linear_weights() -> None:
     """Make vLLM's CPU backend keep its linear weights as parameters, so that a push can reach them.
 
-    vLLM's CPU backend builds a packed kernel from a copy of each linear weight and by default empties the
-    parameter, so `reload_weights` would load values no kernel reads. Here its dispatch runs with
-    `remove_weight=False`, and `push_weights` rebuilds the kernels after every push. Process-wide; call it before
+    It builds a packed kernel from a copy of each linear weight and by default empties the parameter, so a reload
+    would load values no kernel reads; `push_weights` then rebuilds the kernels. Process-wide; call it before
     creating an engine.
     """
     if getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", None):
@@ -118,8 +102,7 @@ def _repack_worker(worker) -> int:
 
 
 def repack_cpu_linear(llm) -> int:
-    """Rebuild the CPU engine's packed linear kernels from its (just reloaded) parameters; returns the layer
-    count."""
+    """Rebuild the CPU engine's packed linear kernels from its parameters; returns the layer count."""
     return sum(llm.collective_rpc(_repack_worker))
 
 
@@ -129,12 +112,12 @@ def cpu_kernels_are_packed() -> bool:
 
 
 # What vLLM's in-place reload logs, at warning level, for every layer a partial push leaves out.
+RELOAD_LOGGERS = [f"vllm.model_executor.model_loader.reload.{name}" for name in ("layerwise", "inplace")]
 PARTIAL_RELOAD_MESSAGES = ("%s: Failed to load weights", "Following weights were not loaded from checkpoint: %s")
 
 
-class _PartialReloadFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg not in PARTIAL_RELOAD_MESSAGES
+def _not_partial_reload(record: logging.LogRecord) -> bool:
+    return record.msg not in PARTIAL_RELOAD_MESSAGES
 
 
 def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bool | None = None,
@@ -146,33 +129,18 @@ def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bo
     (some weights left out, as lora.MergedPush sends) silences the reload's warning for each of them.
     """
     start = time.perf_counter()
-    loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}") for name in ("layerwise", "inplace")]
-    quiet = _PartialReloadFilter()
+    loggers = [logging.getLogger(name) for name in RELOAD_LOGGERS]
     for logger in loggers if partial else []:
-        logger.addFilter(quiet)
+        logger.addFilter(_not_partial_reload)
     try:
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
     finally:
         for logger in loggers:
-            logger.removeFilter(quiet)
+            logger.removeFilter(_not_partial_reload)
     if cpu_kernels_are_packed() if repack is None else repack:
         repack_cpu_linear(llm)
     llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
     return time.perf_counter() - start
-
-
-def push(llm, model: torch.nn.Module, zero_stage: int, *, sums: WeightSums | None = None,
-         dtype: torch.dtype | None = None) -> float:
-    """A fully trained policy into the engine, every parameter; returns seconds. `sums` adds up what the engine
-    should now hold, cast to the engine's `dtype`, for `check_weight_sums`. A LoRA policy goes through lora.push."""
-    weights = iter_full_parameters(model, zero_stage)
-    if sums is not None:
-        weights = summed(weights, sums, dtype)
-    return push_weights(llm, weights)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The checks: the probe's log-probabilities, and the weights' sums
 
 
 PROBE_PROMPT_TOKENS = 16
@@ -198,7 +166,8 @@ def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence
     """vLLM's log-probabilities of `completion_ids` after `prompt_ids`, `(T,)` float32 (prompt logprobs)."""
     ids = list(prompt_ids) + list(completion_ids)
     params = SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0)
-    output = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False, **request_kwargs(lora_request))[0]
+    prompts = [TokensPrompt(prompt_token_ids=ids)]
+    output = llm.generate(prompts, params, use_tqdm=False, **request_kwargs(lora_request))[0]
     # prompt_logprobs[t] holds the logprob of ids[t] given ids[:t] (entry 0 is None).
     steps = output.prompt_logprobs[len(prompt_ids) :]
     return torch.tensor([step[token].logprob for step, token in zip(steps, completion_ids)], dtype=torch.float32)
@@ -211,11 +180,10 @@ PROBE_SET_ASIDE = 0.25
 
 def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tolerance: float,
                sums: str = "were not compared") -> dict[str, float]:
-    """Raise WeightSyncError unless vLLM's and the trainer's `(T,)` log-probabilities of the probe agree: the probe's
-    trimmed maximum |Δ|, the largest once its worst ⌊PROBE_SET_ASIDE · T⌋ tokens are set aside, within `tolerance`,
-    and every value finite. `sums` says what the weight sums found, for the message. Returns
-    `sync/push_trimmed_abs_diff` and `sync/push_max_abs_diff`.
-    """
+    """Raise WeightSyncError unless vLLM's and the trainer's `(T,)` log-probabilities of the probe agree: every
+    value finite, and the trimmed maximum |Δ| (the largest once the worst ⌊PROBE_SET_ASIDE · T⌋ tokens are set
+    aside) within `tolerance`. `sums`, what the weight sums found, goes into the message. Returns
+    `sync/push_trimmed_abs_diff` and `sync/push_max_abs_diff`."""
     assert vllm_logprobs.shape == trainer_logprobs.shape, (vllm_logprobs.shape, trainer_logprobs.shape)
     diff = (vllm_logprobs.float() - trainer_logprobs.float().cpu()).abs()  # (T,)
     aside = int(PROBE_SET_ASIDE * len(diff))
@@ -246,15 +214,12 @@ _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 class WeightSums:
     """Exact integer sums over the bits of a set of weight tensors: a checksum of a push that needs no name mapping.
 
-    Each value is read as the signed integer of its bits, so the pushed tensors, cast to the engine's dtype, sum to
-    what the engine holds exactly when every value landed bit for bit. vLLM fuses some weights (q, k, v into
-    `qkv_proj`) and zero-pads the embedding's rows, so the sums are ones that row-wise fusion and zero rows leave
-    unchanged: `total` = Σ bits, and `placed` = Σ (1 + layer) · c_j · bits[i, j] over the matrices, c_j = 1 + j mod
-    97 for column j, `layer` the decoder layer its name holds ("layers.3." → 3; 0 elsewhere). `placed` also sees a
-    transposed matrix and same-shape matrices of two layers swapped; rows swapped within a matrix it cannot see.
-
-    `scope` names the modules (Hugging Face names) whose weights the sums cover when a push sends part of the model
-    (`engine_weight_sums` then sums only the engine's parameters built from them); None is the whole model.
+    Each value counts as the signed integer of its bits, so the pushed tensors, cast to the engine's dtype, sum to
+    what the engine holds exactly when every value landed. The sums are ones that vLLM's row-wise fusion (q, k, v
+    into `qkv_proj`) and zero-padded embedding rows leave unchanged: `total` = Σ bits, and `placed` = Σ (1 + layer)
+    · c_j · bits[i, j] over the matrices, c_j = 1 + j mod 97, `layer` the decoder layer in the name (else 0), which
+    also sees a transposed matrix or two layers' matrices swapped. `scope`: the modules (Hugging Face names) a
+    partial push covers (`engine_weight_sums` then sums only the engine's parameters built from them); None: all.
     """
 
     total: int = 0
@@ -282,7 +247,8 @@ class WeightSums:
             # and a sum, not `@`: CUDA has no integer matmul.
             high = columns >> 24
             low = columns - (high << 24)
-            self.placed += (1 + self.layer_of(name)) * ((int((high * weights).sum()) << 24) + int((low * weights).sum()))
+            dot = (int((high * weights).sum()) << 24) + int((low * weights).sum())
+            self.placed += (1 + self.layer_of(name)) * dot
 
     def add_as_held(self, tensor: torch.Tensor, dtype: torch.dtype, name: str = "") -> None:
         """Add a pushed tensor as the engine will hold it: cast to the engine's `dtype`."""
@@ -303,9 +269,8 @@ def summed(weights: Iterable[tuple[str, torch.Tensor]], sums: WeightSums,
 
 
 def in_scope(name: str, scope: frozenset[str] | None, packed: dict[str, list[str]]) -> bool:
-    """Whether the engine's parameter `name` is built from modules of `scope` only: a fused module
-    ("model.layers.3.self_attn.qkv_proj") from its parts in the model's `packed_modules_mapping`, any other module
-    from itself. None is the whole model."""
+    """Whether the engine's parameter `name` is built from modules of `scope` (None: all) only: a fused module
+    (`qkv_proj`) from its parts in the model's `packed_modules_mapping`, any other from itself."""
     if scope is None:
         return True
     parent, _, module = name.rpartition(".")[0].rpartition(".")
@@ -341,10 +306,6 @@ def check_weight_sums(pushed: WeightSums, engine: WeightSums) -> float:
             f"bits {engine.total} vs {pushed.total}, placed {engine.placed} vs {pushed.placed}). Some pushed values "
             f"did not land; stopping.")
     return 0.0
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Memory hand-over between vLLM and the trainer
 
 
 def sleep_supported() -> bool:
