@@ -140,12 +140,9 @@ class MergedPush:
 
 
 def merged_weights(layer: LoraLayer, merged_push: MergedPush | None = None, name: str = "") -> dict[str, torch.Tensor]:
-    """`{"weight": W + s·B·A, "bias": b}` of one adapted layer (its parameters gathered), as new tensors.
-
-    Δ is computed in float32 (`exact_delta`), rounded to W's dtype and added: PEFT's `merge()` rule, bit for bit on
-    the CPU; an embedding's adapter goes through PEFT's `get_delta_weight`. Outside float32 `merged_push` measures
-    what arrives, under `name`.
-    """
+    """`{"weight": W + s·B·A, "bias": b}` of one adapted layer (its parameters gathered), as new tensors: Δ in
+    float32 (`exact_delta`) rounded to W's dtype and added, PEFT's `merge()` rule. Outside float32 `merged_push`
+    measures what arrives, under `name`."""
     base = layer.get_base_layer()
     weight = torch.add(base.weight.detach(), exact_delta(layer).to(base.weight.dtype))  # a new tensor
     for adapter in layer.active_adapters:
@@ -274,8 +271,8 @@ def adapter_sums(model: PeftModel, state: dict[str, torch.Tensor], dtype: torch.
     """The WeightSums of the adapter `state` as vLLM holds it: A cast to the engine's dtype, B cast and then
     multiplied by its layer's scaling in that dtype (vLLM folds s into B). None when an adapter is an embedding's,
     which the check does not cover."""
-    layers = model.named_modules()
-    scalings = {hf_name(name): module.scaling for name, module in layers if isinstance(module, LoraLayer)}
+    scalings = {hf_name(name): module.scaling for name, module in model.named_modules()
+                if isinstance(module, LoraLayer)}
     sums = WeightSums()
     for name, tensor in state.items():
         module, _, rest = hf_name(name).partition(".lora_")  # "model.layers.0.self_attn.q_proj", "B.default.weight"

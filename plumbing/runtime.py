@@ -52,10 +52,8 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
     end a run while the other ranks wait at `save_checkpoint`'s barrier for rank 0 to write `policy/`.
     """
     single_process_defaults()
-    if timeout_minutes is None:
-        deepspeed.init_distributed()
-    else:
-        deepspeed.init_distributed(timeout=datetime.timedelta(minutes=timeout_minutes))
+    timeout = {} if timeout_minutes is None else {"timeout": datetime.timedelta(minutes=timeout_minutes)}
+    deepspeed.init_distributed(**timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     unlink_shm_buffer(rank, world_size)
     return rank, world_size

@@ -147,9 +147,8 @@ PROBE_PROMPT_TOKENS = 16
 
 
 def make_probe(tokenizer, prompt_ids: Sequence[int]) -> tuple[list[int], list[int]]:
-    """(prompt, completion) ids whose log-probabilities vLLM and the trainer must agree on after a push: the
-    last PROBE_PROMPT_TOKENS tokens of a training prompt and a fixed answer. Every weight acts on every token, so
-    a short probe catches a push that did not land as well as a long one, and costs less."""
+    """(prompt, completion) ids whose log-probabilities vLLM and the trainer must agree on after a push: the last
+    PROBE_PROMPT_TOKENS tokens of a training prompt (every weight acts on every token) and a fixed answer."""
     completion = ("<think>The passage answers the question directly.</think>\n<long_answer>According to the "
                   "passage, the answer is stated in its first sentence.</long_answer>\n<answer>")
     ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
@@ -295,11 +294,7 @@ def engine_weight_sums(llm, scope: frozenset[str] | None = None) -> WeightSums:
 
 def check_weight_sums(pushed: WeightSums, engine: WeightSums) -> float:
     """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns 0.0 (the sums are exact).
-
-    It sees any pushed value that did not land bit for bit, however small the change, and (`placed`) a matrix that
-    landed transposed or in another layer's place. It cannot see an engine that computes wrongly from the right
-    weights (stale packed CPU kernels, an adapter applied wrongly): the probe (`check_sync`) covers that.
-    """
+    Blind to an engine that computes wrongly from the right weights (stale kernels): the probe covers that."""
     if (pushed.total, pushed.placed) != (engine.total, engine.placed):
         raise WeightSyncError(
             f"weight push failed verification: the engine's weights do not sum to what was pushed (the sum of their "
@@ -314,12 +309,9 @@ def sleep_supported() -> bool:
 
 
 def sleep_engine(llm, enabled: bool) -> None:
-    """Give vLLM's memory to the trainer after sampling: sleep at level 2, which unmaps the weights and the KV cache.
-
-    `wake_weights`, the push and `wake_kv_cache` follow in that order, so weights are only written into mapped
-    memory. Level 2, not 1: level 1 copies every weight to the host and back only for the push to overwrite it.
-    At level 2 only the module buffers (rotary tables) are kept, so every parameter must be pushed.
-    """
+    """Give vLLM's memory to the trainer after sampling: sleep at level 2, which unmaps the weights and the KV cache
+    (level 1 would copy every weight to the host and back for the push to overwrite), so every weight is pushed.
+    `wake_weights`, the push and `wake_kv_cache` follow, so weights are only written into mapped memory."""
     if enabled:
         llm.sleep(level=2)
 
