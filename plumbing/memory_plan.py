@@ -157,8 +157,7 @@ class Plan:
 
     @property
     def training_peak(self) -> float:
-        vllm = 0.0 if self.sleep else self.phase("rollout")
-        return self.phase("resident") + self.phase("training") + vllm
+        return self.phase("resident") + self.phase("training") + (0.0 if self.sleep else self.phase("rollout"))
 
     @property
     def rollout_peak(self) -> float:
