@@ -3,19 +3,16 @@
 Layout of `OUTPUT_DIR/checkpoints/`:
 
     step-000004/
-        policy/              config.json, model.safetensors, tokenizer files: loads as it is in transformers and vLLM
-                             (with LoRA: the merged weights W + s·B·A)
-        adapter/             with LoRA only: the adapter in PEFT's format (adapter_config.json,
-                             adapter_model.safetensors), for `PeftModel.from_pretrained(base, path)`
+        policy/              a Hugging Face model folder for transformers and vLLM (with LoRA: W + s·B·A merged)
+        adapter/             with LoRA only: the adapter in PEFT's format, `PeftModel.from_pretrained(base, path)`
         deepspeed/state/     DeepSpeed's own files (weights, optimizer and LR scheduler state, per rank); with
-                             LoRA the frozen base weights are left out (they are the config's `model`)
+                             LoRA without the frozen base weights (they are the config's `model`)
         trainer_state.json   step, data sampler state, counters
-        rng/rank-K.pt        Python, NumPy-free torch CPU (and CUDA) RNG states of rank K
+        rng/rank-K.pt        Python and torch CPU (and CUDA) RNG states of rank K
     latest                   the name of the newest complete checkpoint
 
-A checkpoint is written into `step-N.tmp/` and renamed to `step-N/` only when every rank has finished writing;
-`latest` is replaced atomically after that. A crash in the middle of a write therefore leaves the previous
-checkpoint and `latest` untouched, and the half-written `.tmp` folder is ignored (and removed by the next save).
+A checkpoint is written into `step-N.tmp/`, renamed to `step-N/` once every rank has written, and only then
+named by `latest` (replaced atomically): a crash mid-write leaves the previous checkpoint and `latest` untouched.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plumbing import lora
-from plumbing import weight_sync
+from plumbing import lora, weight_sync
 
 
 def _barrier() -> None:
@@ -52,10 +48,7 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 def save_policy(engine, tokenizer, zero_stage: int, target: Path, rank: int) -> None:
     """Write the policy as a Hugging Face model folder (rank 0 writes; every rank takes part in ZeRO-3 gathers).
-
-    With LoRA the folder holds the merged weights (lora.policy_weights), saved through the base model, so that
-    it loads like any model, and the adapter goes beside it in PEFT's format (`adapter/`).
-    """
+    With LoRA: the merged weights, saved through the base model, and the adapter beside it (`adapter/`)."""
     state = {}
     model = engine.module
     weights = lora.policy_weights if lora.is_lora(model) else weight_sync.iter_full_parameters
@@ -81,7 +74,8 @@ def save_checkpoint(output_dir: str | Path, step: int, *, engine, tokenizer, zer
         staging.mkdir(parents=True)
     _barrier()
     save_policy(engine, tokenizer, zero_stage, staging / "policy", rank)
-    engine.save_checkpoint(str(staging / "deepspeed"), tag="state", exclude_frozen_parameters=lora.is_lora(engine.module))
+    frozen_left_out = lora.is_lora(engine.module)
+    engine.save_checkpoint(str(staging / "deepspeed"), tag="state", exclude_frozen_parameters=frozen_left_out)
     (staging / "rng").mkdir(exist_ok=True)
     torch.save(rng_state(), staging / "rng" / f"rank-{rank}.pt")
     if rank == 0:
@@ -111,8 +105,9 @@ def publish(staging: Path, final: Path, keep: int) -> None:
 def load_checkpoint(path: Path, *, engine, rank: int) -> dict:
     """Restore DeepSpeed state and this rank's RNG from `path`; returns the trainer state."""
     # With LoRA the checkpoint holds no frozen base weight: the ones loaded from the config's model stay.
+    strict = not lora.is_lora(engine.module)
     loaded, _ = engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_optimizer_states=True,
-                                       load_lr_scheduler_states=True, load_module_strict=not lora.is_lora(engine.module))
+                                       load_lr_scheduler_states=True, load_module_strict=strict)
     if loaded is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path / 'deepspeed'}")
     rng_file = path / "rng" / f"rank-{rank}.pt"

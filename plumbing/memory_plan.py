@@ -2,58 +2,30 @@
 
     python canoe.py --config recipes/llama3.1-8b.toml --plan-memory [--gpu-gib 80] [--world-size 8]
 
-The engine lives in every training process (rollout.py), and vLLM 0.32 refuses to start unless the device's free
-memory is at least total × `gpu_memory_utilization` (docs/library-notes.md, "Start-up memory"). The engine is
-created after the trainer has allocated
-(canoe.setup), so its share must fit in what the policy, its gradients and optimizer state and the reference model
-leave free; the plan below derives that share, and each recipe's `vllm_gpu_memory_utilization` comes from it.
+vLLM starts only if the device's free memory is at least total × `gpu_memory_utilization`, and the engine is
+created after the trainer has allocated (canoe.setup), so its share must fit in what the trainer leaves free; each
+recipe's `vllm_gpu_memory_utilization` comes from this plan. Per GPU, with P parameters, w bytes per value of the
+training dtype and W ranks:
 
-Per GPU, with P parameters, w bytes per value of the training dtype and W ranks (ZeRO partitions over W):
+- resident all step: the policy weights w·P (ZeRO-3: w·P/W); the gradients, a w·P/W partition, its 4·P/W
+  float32 copy and the reduce bucket (with offload the bucket only); the optimizer state 12·P/W (0 with offload);
+  under ZeRO-3 the gathered parameters, stage3_max_live_parameters · w; a reference model as large as the policy
+  weights (0 when β = 0); a fixed CUDA reserve.
+- training only: an allowance for what a sleeping engine keeps, and the activations of one micro-batch packed
+  into one row, worst case (L = prompts_per_device · (max_prompt + G · max_completion) tokens, T of them
+  predicted): L · (10h + 4I) · w per layer; the head's 2 · T · V · w for the logits and their gradient,
+  3 · 512 · V · 4 for token_logprobs' float32 chunks and (5L + T) · h · w around it; with gradient checkpointing
+  L · h · w per layer and the larger of the head and one recomputed layer; the mask L · L8 · w + L², L8 = L
+  rounded up to 8.
+- rollout only: vLLM's share × total, its weights w·P, its working memory and the KV cache, which gets the rest
+  (2 · layers · kv · w bytes per token).
 
-    resident all step      policy weights      w·P (ZeRO-2)            w·P/W (ZeRO-3)
-                           gradients           w·P/W partition + 4·P/W float32 copy at the step + the reduce
-                                               bucket (with offload only the bucket stays on the GPU)
-                           optimizer state     12·P/W (float32 master weights and two Adam moments; 0 with offload)
-                           ZeRO-3 gathering    stage3_max_live_parameters · w (DeepSpeed's default 1e9)
-                           reference model     w·P (ZeRO-2: a plain copy on every GPU)  w·P/W (ZeRO-3); 0 when β = 0
-                           CUDA context        a fixed reserve (context, NCCL buffers, allocator fragmentation)
-    training only          vLLM asleep         an allowance for what the engine keeps outside its sleep pool
-                           activations         one micro-batch packed into one row (packing.py), worst case:
-                                               L = prompts_per_device · (max_prompt + G · max_completion) tokens,
-                                               T = prompts_per_device · G · max_completion predicted tokens
-                                               - a layer keeps L · (10h + 4·I) · w for backward; with gradient
-                                                 checkpointing only its input, L · h · w, and one layer is
-                                                 recomputed at a time
-                                               - the output head: the logits and their gradient 2 · T · V · w,
-                                                 three float32 chunks of token_logprobs' backward 3 · 512 · V · 4,
-                                                 and (5L + T) · h · w around the head; with checkpointing the
-                                                 larger of it and one recomputed layer counts (the two are not
-                                                 alive together)
-                                               - the attention mask and its boolean form: L · L8 · w + L², L8 = L
-                                                 rounded up to 8 (packing.attention_mask), built for the
-                                                 micro-batch being scored only
-    rollout only           vLLM                the share × total: weights w·P (tensor parallel 1), its working
-                                               memory (profile-run peak and CUDA graphs) and the KV cache, which
-                                               gets the rest (2 · layers · kv · w bytes per token)
-
-With LoRA (`lora_rank = r > 0`, lora.py) the base weights are frozen: gradients, their float32 copy and Adam's 12
-bytes exist only for the T adapter parameters (r · (in + out) per adapted module, `lora_parameters`), which
-are also counted in the training dtype; the reduce bucket holds at most T gradients; there is no reference
-model (the policy with its adapters disabled is π_ref); vLLM holds the merged weights, the base's size.
-Activations are the same: the backward pass still runs through every layer to reach the adapters below.
-
-With sleep mode (CUDA) vLLM is asleep at level 2 while the trainer trains (rollout.py, "Memory hand-over"), its
-CUDA graphs offloaded to the host too (`sleep_mode_offload_cudagraph`, rollout.make_engine), so the
-peak is the larger of resident + activations and resident + share × total; without it both add up.
-
-The 10h + 4I elements per token of a decoder layer in bfloat16 are what one Llama/Qwen2 layer keeps for backward:
-each RMSNorm its float32 input and bfloat16 output (3h, twice), attention the rotated q, k and v repeated to every
-head and its output (4h), the MLP gate, up, act(gate) and act(gate)·up (4I). Against `torch.cuda.max_memory_allocated`
-over one micro-batch's forward and backward on an H200 (bench/cuda_memory.py; bench/RESULTS.md, "The memory plan on
-a GPU"), the activations are within -6 % and +5 % for the default's Qwen2.5-0.5B and for Llama-3.1-8B and
-Qwen2.5-7B layers, with and without checkpointing. The rest is written from the code of DeepSpeed and vLLM, not
-measured. The architecture comes from the model folder's config.json, or, when the folder is not there (the
-recipes name models a user downloads), from `KNOWN_ARCHITECTURES` by the folder's name.
+The 10h + 4I per token of a layer: each RMSNorm its float32 input and bfloat16 output (3h, twice), attention the
+rotated q, k, v repeated to every head and its output (4h), the MLP gate, up, act(gate) and act(gate)·up (4I).
+With LoRA (`lora_rank = r > 0`) gradients and optimizer state exist only for the T adapter parameters
+(`lora_parameters`), the bucket holds at most T gradients, and there is no reference model. With sleep mode vLLM
+sleeps while the trainer trains, so the peak is the larger of the two phases; without it both add up. The
+architecture comes from the model folder's config.json, else from `KNOWN_ARCHITECTURES` by name.
 """
 
 from __future__ import annotations
@@ -67,18 +39,16 @@ GIB = 2**30
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 ADAM_BYTES = 12  # float32 master weights, first and second moment, per parameter
 FP32_GRAD_BYTES = 4  # the float32 gradient partition the optimizer steps on
-# DeepSpeed's reduce_bucket_size and stage3_max_live_parameters defaults (docs/library-notes.md, "ZeRO defaults").
+# DeepSpeed's reduce_bucket_size and stage3_max_live_parameters defaults.
 REDUCE_BUCKET = 5 * 10**8
 MAX_LIVE_PARAMETERS = 10**9
 CUDA_RESERVE = 2 * GIB  # CUDA context, NCCL buffers and allocator fragmentation, per GPU (an allowance)
-# What a sleeping vLLM keeps: its buffers allocated outside the sleep pool (the model runner's input buffers, an
-# attention backend's workspace). An allowance, not a measurement: vLLM's "memory is still in use" line at each
-# sleep, less the plan's resident part, is the figure to compare (docs/gpus.md, "The first run on a GPU").
+# What a sleeping vLLM keeps outside its sleep pool (input buffers, an attention workspace): an allowance.
 VLLM_ASLEEP = 1 * GIB
 LOGPROB_CHUNK = 512  # positions token_logprobs upcasts at a time (its chunk_size)
 # vLLM's working memory: its profile run at max_num_batched_tokens (16384 for the LLM class on a GPU of 70 GiB or
-# more) keeps one layer's gate/up/act output, its sampler
-# warm-up holds float32 logits for max_num_seqs (1024) sequences, forward and softmax; CUDA graphs get an allowance.
+# more) keeps one layer's gate/up/act output, its sampler warm-up float32 logits for max_num_seqs (1024) sequences,
+# forward and softmax; CUDA graphs get an allowance.
 VLLM_BATCHED_TOKENS = 16384
 VLLM_MAX_SEQS = 1024
 CUDA_GRAPHS = 1 * GIB
@@ -166,8 +136,8 @@ def architecture(model: str) -> Architecture:
     name = Path(model).name
     if name in KNOWN_ARCHITECTURES:
         return KNOWN_ARCHITECTURES[name]
-    raise ArchitectureError(f"no {config} and {name!r} is not one of the known architectures {sorted(KNOWN_ARCHITECTURES)}; "
-                     f"put the model there first")
+    raise ArchitectureError(f"no {config} and {name!r} is not one of the known architectures "
+                            f"{sorted(KNOWN_ARCHITECTURES)}; put the model there first")
 
 
 @dataclass(frozen=True)
@@ -187,8 +157,7 @@ class Plan:
 
     @property
     def training_peak(self) -> float:
-        vllm = 0.0 if self.sleep else self.phase("rollout")
-        return self.phase("resident") + self.phase("training") + vllm
+        return self.phase("resident") + self.phase("training") + (0.0 if self.sleep else self.phase("rollout"))
 
     @property
     def rollout_peak(self) -> float:
@@ -214,8 +183,9 @@ class Plan:
                          f"leaves {self.free_at_engine_start / GIB:.1f} GiB (largest share that fits: "
                          f"{self.fitting_share})")
         if self.kv_cache < self.sequence_tokens * self.kv_per_token:
+            sequence = self.sequence_tokens * self.kv_per_token
             found.append(f"the share leaves {self.kv_cache / GIB:.1f} GiB of KV cache, less than one "
-                         f"{self.sequence_tokens}-token sequence ({self.sequence_tokens * self.kv_per_token / GIB:.2f} GiB)")
+                         f"{self.sequence_tokens}-token sequence ({sequence / GIB:.2f} GiB)")
         for name, peak in (("training", self.training_peak), ("rollout", self.rollout_peak)):
             if peak > self.total:
                 found.append(f"the {name} phase needs {peak / GIB:.1f} GiB of {self.total / GIB:.1f} GiB")
@@ -283,7 +253,7 @@ def plan_memory(cfg, arch: Architecture, *, world_size: int, total_bytes: float,
     working = VLLM_BATCHED_TOKENS * 3 * arch.intermediate * width + 2 * VLLM_MAX_SEQS * arch.vocab * 4 + CUDA_GRAPHS
     parts["vLLM: weights"] = (width * P, "rollout")
     parts["vLLM: working memory"] = (working, "rollout")
-    # vLLM's KV cache is the rest of its share (docs/library-notes.md, "Start-up memory").
+    # vLLM's KV cache is the rest of its share.
     kv_cache = max(0.0, share * total_bytes - width * P - working)
     parts["vLLM: KV cache (the rest of its share)"] = (kv_cache, "rollout")
     return Plan(parts, total_bytes, share, sleep, kv_cache, kv_per_token=2 * arch.layers * arch.kv_dim * width,

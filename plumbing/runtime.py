@@ -15,15 +15,16 @@ from pathlib import Path
 
 # vLLM in-process: rollouts run in the training process itself, no engine subprocess. Read when vLLM is imported.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
 def ranks_on_this_node() -> int:
-    """The number of ranks this node runs: torchrun's LOCAL_WORLD_SIZE, or LOCAL_SIZE, the name DeepSpeed's launcher
-    uses (it never sets LOCAL_WORLD_SIZE); 1 for a plain `python`."""
+    """The number of ranks this node runs: torchrun's LOCAL_WORLD_SIZE, or LOCAL_SIZE (DeepSpeed's launcher's); 1
+    for a plain `python`."""
     return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1")
 
 
-# Without OMP_NUM_THREADS vLLM cuts torch to ONE thread "for serving", which would also leave training on one
-# core (measured on the 2-core machine: SmolLM2 forward+backward of 14 × 350 tokens takes 46 s on one thread,
-# 26 s on two). Share the cores among the ranks instead.
+# Without OMP_NUM_THREADS vLLM cuts torch to one thread "for serving", which would leave training on one core too.
+# Share the cores among the ranks instead.
 os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks_on_this_node())))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -47,43 +48,31 @@ def single_process_defaults() -> None:
 def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
     """Join the launcher's process group (a plain `python canoe.py` is a world of one); returns (rank, world).
 
-    `timeout_minutes` (the config's `dist_timeout_minutes`) is how long any collective of the group may wait.
-    DeepSpeed's default, 10 minutes, can end a run while every other rank waits at `save_checkpoint`'s barrier for
-    rank 0 to write `policy/` to slow storage (docs/library-notes.md, "The process group's timeout").
+    `timeout_minutes` (`dist_timeout_minutes`) bounds every collective's wait; DeepSpeed's 10-minute default can
+    end a run while the other ranks wait at `save_checkpoint`'s barrier for rank 0 to write `policy/`.
     """
     single_process_defaults()
-    if timeout_minutes is None:
-        deepspeed.init_distributed()
-    else:
-        deepspeed.init_distributed(timeout=datetime.timedelta(minutes=timeout_minutes))
+    timeout = {} if timeout_minutes is None else {"timeout": datetime.timedelta(minutes=timeout_minutes)}
+    deepspeed.init_distributed(**timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     unlink_shm_buffer(rank, world_size)
     return rank, world_size
 
 
-def shm_buffer(rank: int) -> Path:
-    """Where DeepSpeed's CPU all-reduce keeps `rank`'s buffer: a file of /dev/shm named by the user, MASTER_ADDR,
-    MASTER_PORT and the rank (docs/library-notes.md, "The CPU all-reduce buffer in /dev/shm")."""
-    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    return Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
-
-
 def unlink_shm_buffer(rank: int, world_size: int) -> None:
-    """Remove this rank's DeepSpeed shared-memory buffer from /dev/shm as soon as every rank has mapped it.
+    """Remove this rank's DeepSpeed all-reduce buffer from /dev/shm once every rank has mapped it.
 
-    On a CPU with every rank on one machine, DeepSpeed gives each rank a 64 MiB buffer in /dev/shm and never
-    removes it: each run, ended or killed, would leave it in the tmpfs until the machine restarts. After a barrier
-    no rank needs the names (each has opened every other's buffer); unlinked, the memory goes back when the last
-    process mapping it exits. DeepSpeed's own condition for a buffer (the shm op built, LOCAL_SIZE ranks) decides,
-    not a stale file, so every rank takes the same branch around the barrier (docs/library-notes.md, "The CPU
-    all-reduce buffer in /dev/shm").
+    DeepSpeed never removes it, so each run would leave 64 MiB per rank in the tmpfs; unlinked, the memory goes
+    back when the last process mapping it exits. DeepSpeed's own condition for a buffer decides, not a stale file,
+    so every rank takes the same branch around the barrier.
     """
     backend = deepspeed.comm.comm.cdb
     if getattr(backend, "shm_comm_op", None) is None or os.environ.get("LOCAL_SIZE") != str(world_size):
         return
     if world_size > 1:
         dist.barrier()
-    shm_buffer(rank).unlink(missing_ok=True)
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}").unlink(missing_ok=True)
 
 
 # CPU instructions that compute in bfloat16 natively (Linux's names in /proc/cpuinfo). Without them torch and
@@ -134,13 +123,8 @@ def resolve_dtype(name: str, *, say: bool = False) -> torch.dtype:
 
 
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
-    """The device whose tensors the process group's backend takes: every collective of the trainer is built on it.
-
-    A backend serves only the device types it is registered for and refuses a tensor on any other ("No backend
-    type associated with device type cpu"): on CUDA DeepSpeed's group is NCCL, "cuda" only; on a CPU, gloo. The
-    private `_get_object_coll_device` is torch's own rule for where object collectives put their tensors
-    (docs/library-notes.md, "The device of collectives"). The device carries no index: "cuda" is the current
-    device, which canoe.setup sets to the rank's own GPU right after joining the group.
+    """The device whose tensors the process group's backend takes (NCCL: "cuda" only; gloo: "cpu"), on which
+    every collective of the trainer is built. No index: "cuda" is the current device, the rank's own GPU.
     """
     return torch.device(dist.distributed_c10d._get_object_coll_device(group))
 
@@ -186,58 +170,46 @@ def reduce_over_ranks(metrics: dict[str, float], *, keep: Collection[str] = (), 
     return combined
 
 
-# ==============================================================================================================
-# The quiet console: vLLM's and DeepSpeed's logs to files in the output folder (`route_logs`)
-# ==============================================================================================================
-
 LOG_FILE_HANDLER = "canoe-log-file"  # the name of the handlers `route_logs` adds, so that a second call replaces them
 
 
 def route_logs(out: Path, rank: int, *, verbose: bool = False) -> dict[str, Path]:
     """Send this rank's vLLM and DeepSpeed logs to files in `out` (made if missing); returns their paths.
 
-    The terminal keeps the progress bar, rank 0's own lines (`print0`), vLLM's errors and DeepSpeed's warnings and
-    errors. Each rank writes its own files, in append mode (a `--resume` adds to the first run's): `vllm.log` and
-    `deepspeed.log` on rank 0, `vllm-rank-R.log` and `deepspeed-rank-R.log` on rank R > 0. With `verbose`
-    (`canoe.py --verbose`) vLLM's terminal handler is left as vLLM made it, so its full log shows there as well.
-    Call it before the vLLM engine is made: how the two libraries log is in docs/library-notes.md ("How vLLM
-    logs", "How DeepSpeed logs"). In short:
-
-    * vLLM's handler comes from its own `dictConfig`, applied when an engine is made, and applying it drops every
-      handler set before. So vLLM's config is applied here first, the same `LoggingConfig()` the engine builds,
-      and the "vllm" logger then re-handled: a FileHandler at vLLM's level, vLLM's terminal handler raised to
-      ERROR; the engine finds that config applied and leaves the handlers alone. `VLLM_CONFIGURE_LOGGING=0` and
-      `VLLM_LOGGING_CONFIG_PATH` stay the user's: only stream handlers are raised, any other handler is kept.
-    * DeepSpeed's "DeepSpeed" logger shows warnings on stdout. Here it is lowered to INFO, INFO and above go to its
-      own file (so that vllm.log holds vLLM alone) and its stdout handler stays at WARNING, in both modes.
-    * The "[INFO] [runner.py:...]" and "[INFO] [launch.py:...]" lines come from the `deepspeed` launcher's own
-      processes, out of this process's reach: `deepspeed --log_level warning canoe.py ...` quiets them.
+    The terminal keeps the progress bar, rank 0's lines (`print0`), vLLM's errors and DeepSpeed's warnings. Files
+    are appended to (a `--resume` adds to the first run's): `vllm.log` and `deepspeed.log` on rank 0,
+    `vllm-rank-R.log` and `deepspeed-rank-R.log` on rank R > 0. `verbose` leaves vLLM's terminal handler as it
+    was. Call it before the engine is made: applying vLLM's logging config drops earlier handlers, so it is
+    applied here first and the engine then leaves the handlers alone. The launcher's own "[INFO]" lines are out of
+    reach: `deepspeed --log_level warning canoe.py ...` quiets them.
     """
     out.mkdir(parents=True, exist_ok=True)
     return {"vllm": _route_vllm(out, rank, verbose=verbose), "deepspeed": _route_deepspeed(out, rank)}
 
 
-def log_file(out: Path, name: str, rank: int) -> Path:
-    """`out/NAME.log` on rank 0, `out/NAME-rank-R.log` on rank R > 0."""
-    return out / (f"{name}.log" if rank == 0 else f"{name}-rank-{rank}.log")
-
-
 def is_terminal_handler(handler: logging.Handler) -> bool:
-    """A stream handler other than a file's (vLLM's and DeepSpeed's write to stdout; a FileHandler is a
-    StreamHandler too)."""
+    """A stream handler other than a file's (a FileHandler is a StreamHandler too)."""
     return isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
 
 
-def _to_file(logger: logging.Logger, path: Path, level: int, formatter: logging.Formatter) -> None:
-    """Add (or replace, on a second call) `route_logs`'s FileHandler on `logger`, writing `path` at `level`."""
+def _to_file(logger: logging.Logger, out: Path, name: str, rank: int, level: int, formatter: logging.Formatter,
+             terminal: int | None) -> Path:
+    """Add (or replace, on a second call) `route_logs`'s FileHandler on `logger`, writing at `level` to
+    `out/NAME.log` on rank 0 and `out/NAME-rank-R.log` on rank R, and raise its terminal handlers to `terminal`
+    (None: leave them); returns the file's path."""
     for handler in [h for h in logger.handlers if h.get_name() == LOG_FILE_HANDLER]:
         logger.removeHandler(handler)
         handler.close()
+    path = out / (f"{name}.log" if rank == 0 else f"{name}-rank-{rank}.log")
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.set_name(LOG_FILE_HANDLER)
     handler.setLevel(level)
     handler.setFormatter(formatter)
     logger.addHandler(handler)
+    for handler in logger.handlers if terminal is not None else []:
+        if is_terminal_handler(handler):
+            handler.setLevel(max(handler.level, terminal))
+    return path
 
 
 def _route_vllm(out: Path, rank: int, *, verbose: bool) -> Path:
@@ -249,24 +221,15 @@ def _route_vllm(out: Path, rank: int, *, verbose: bool) -> Path:
     configure_logging_if_needed(config)  # what the engine does at its start; it then leaves the handlers alone
     logger = logging.getLogger("vllm")
     plain = DEFAULT_LOGGING_CONFIG["formatters"]["vllm"]  # vLLM's text format, without the terminal's colours
-    path = log_file(out, "vllm", rank)
-    _to_file(logger, path, logger.getEffectiveLevel(),
-             NewLineFormatter(plain["format"], plain["datefmt"], log_level=config.log_level))
-    if not verbose:
-        for handler in logger.handlers:
-            if is_terminal_handler(handler):
-                handler.setLevel(max(handler.level, logging.ERROR))
-    return path
+    formatter = NewLineFormatter(plain["format"], plain["datefmt"], log_level=config.log_level)
+    return _to_file(logger, out, "vllm", rank, logger.getEffectiveLevel(), formatter,
+                    None if verbose else logging.ERROR)
 
 
 def _route_deepspeed(out: Path, rank: int) -> Path:
     from deepspeed.utils import logger
 
-    path = log_file(out, "deepspeed", rank)
     formatter = next((h.formatter for h in logger.handlers if h.formatter is not None), logging.Formatter())
-    _to_file(logger, path, logging.INFO, formatter)
-    for handler in logger.handlers:
-        if is_terminal_handler(handler):
-            handler.setLevel(max(handler.level, logging.WARNING))
+    path = _to_file(logger, out, "deepspeed", rank, logging.INFO, formatter, logging.WARNING)
     logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
     return path

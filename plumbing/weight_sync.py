@@ -1,33 +1,22 @@
 """The weight sync: the trainer's weights into the colocated vLLM engine after every update, and the proof they landed.
 
-A GRPO trainer samples from the policy it trains, so after each optimizer step vLLM must hold the new weights. This
-file is the whole path, in the order a step takes it:
-
-1. **What is pushed** (`iter_full_parameters`): every parameter under its Hugging Face name. Under ZeRO-3 each
-   module's own parameters are gathered, copied and released before the next module, so the whole model is never
-   gathered at once; a tied embedding and head go once. A LoRA policy sends less, and its own way (lora.py: the
-   merged W + s·B·A of the adapted projections, or the adapter itself), through the loading and the checks below.
-2. **Loading** (`push_weights`, `push`): vLLM's in-place `reload_weights`, then, on the CPU, the packed linear
-   kernels rebuilt from the new values (`keep_cpu_linear_weights`: without it the push lands in parameters that
-   no kernel reads), then the prefix cache dropped.
-3. **The checks**: vLLM's log-probabilities of a fixed probe completion against the trainer's (`check_sync`; a
-   sync that silently fails is the most common bug in GRPO trainers), and outside float32, where the probe's
-   tolerance must leave room for two sets of bfloat16 kernels, the sums of the pushed weights against the
-   engine's (`check_weight_sums`: exact, blind to the kernels).
-4. **Memory hand-over** on CUDA: vLLM sleeps at level 2 from the end of sampling until the push
-   (`sleep_engine`), then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
-
-training/push.py (`WeightPush`, the driver's one push call) calls these in that order.
+In the order a push takes it (training/push.py's `WeightPush` calls these): every parameter under its Hugging Face
+name (`iter_full_parameters` over `walk_modules`, the one walk of the trainer's parameters; a LoRA policy sends
+less, lora.py); vLLM's in-place reload (`push_weights`); the checks, vLLM's log-probabilities of a fixed probe
+against the trainer's (`check_sync`) and outside float32 the exact sums of the pushed weights against the
+engine's (`check_weight_sums`). On CUDA vLLM sleeps at level 2 from the end of sampling until the push
+(`sleep_engine`), then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
 """
 
 from __future__ import annotations
 
 from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
+import contextlib
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import deepspeed
@@ -38,59 +27,47 @@ from vllm.model_executor.layers import utils as vllm_layer_utils
 from vllm.platforms import current_platform
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The trainer's weights, as vLLM holds them
-
-
 class WeightSyncError(RuntimeError):
     """vLLM's weights do not match the trainer's after a push."""
 
 
-def iter_full_parameters(model: torch.nn.Module, zero_stage: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, full tensor) for every parameter of the (DeepSpeed-wrapped) `model.module`, a shared one once.
+def walk_modules(model: torch.nn.Module, zero_stage: int, *, only: Callable[[str], bool] | None = None,
+                 whole: type | tuple[type, ...] = ()) -> Iterator[tuple[str, torch.nn.Module, list | None]]:
+    """Yield (module name, module, own) in `named_modules` order, `own` the (name, full tensor) pairs of the
+    parameters the module holds itself, less any an earlier module holds (a tied head), as vLLM holds them.
 
-    ZeRO-2 keeps full parameters on every rank, so they are yielded as they are. ZeRO-3 partitions them: each
-    module's own parameters are gathered, copied out and released before the next module is touched
-    (`own_full_parameters`), so at most one module is ever whole (never the whole model). Every rank must consume
-    the iterator in step, because a gather is a collective.
-
-    A parameter held by two modules (a tied input embedding and output head: `tie_word_embeddings`, Qwen2.5 up to
-    3B, Llama-3.2, SmolLM2) is yielded once, under its first name (`model.embed_tokens.weight`), on both paths:
-    `named_parameters` skips repeats itself, and the module walk keeps the ids it has seen. vLLM holds and loads
-    a tied tensor once too (docs/library-notes.md, "Tied embeddings"), so the sums compare alike
-    (`check_weight_sums`).
+    Under ZeRO-3 each module's parameters are gathered and copied before the next module, so the model is never
+    whole; a gather is a collective, so every rank must walk in step. `only(name)` false skips a module. A module
+    of a `whole` type is yielded with `own` None while all its parameters are gathered; its children are skipped.
     """
-    if zero_stage < 3:
-        for name, param in model.named_parameters():
-            yield name, param.detach()
-        return
     seen: set[int] = set()
-    for module_name, module in model.named_modules():
-        for name, tensor in own_full_parameters(module, zero_stage, seen):
-            yield (f"{module_name}.{name}" if module_name else name), tensor
-
-
-def own_full_parameters(module: torch.nn.Module, zero_stage: int,
-                        seen: set[int] | None = None) -> list[tuple[str, torch.Tensor]]:
-    """(name, full tensor) for the parameters `module` holds itself (not its children's).
-
-    ZeRO-2: the parameters as they are. ZeRO-3: gathered and copied, because vLLM may buffer tensors until a
-    whole layer has arrived and the gathered storage is freed when the gather ends. A collective under ZeRO-3:
-    every rank must call it for the same module. `seen` (ids of parameters already yielded by an earlier module,
-    updated here) leaves out a parameter that another module shares, such as a tied output head.
-    """
-    own = list(module.named_parameters(recurse=False))
-    if seen is not None:
-        own = [(name, p) for name, p in own if id(p) not in seen]
+    inside = None  # "NAME." of the last `whole` module: named_modules lists its sub-modules right after it
+    for name, module in model.named_modules():
+        if (inside and name.startswith(inside)) or (only is not None and not only(name)):
+            continue
+        if isinstance(module, whole):
+            inside = name + "."
+            params = list(module.parameters())
+            with deepspeed.zero.GatheredParameters(params) if zero_stage >= 3 and params else contextlib.nullcontext():
+                yield name, module, None
+            continue
+        own = [(key, p) for key, p in module.named_parameters(recurse=False) if id(p) not in seen]
         seen.update(id(p) for _, p in own)
-    if zero_stage < 3 or not own:
-        return [(name, p.detach()) for name, p in own]
-    with deepspeed.zero.GatheredParameters([p for _, p in own]):
-        return [(name, p.detach().clone()) for name, p in own]
+        if zero_stage < 3 or not own:
+            yield name, module, [(key, p.detach()) for key, p in own]
+            continue
+        with deepspeed.zero.GatheredParameters([p for _, p in own]):
+            copies = [(key, p.detach().clone()) for key, p in own]
+        yield name, module, copies
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Loading into the engine
+def iter_full_parameters(model: torch.nn.Module, zero_stage: int, *,
+                         only: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, full tensor) for every parameter of `model` (`engine.module`), a shared one once; `only` and
+    ZeRO-3's gathering as in `walk_modules`."""
+    for module_name, _, own in walk_modules(model, zero_stage, only=only):
+        for name, tensor in own:
+            yield (f"{module_name}.{name}" if module_name else name), tensor
 
 
 # vLLM's own dispatch, kept before keep_cpu_linear_weights replaces the module attribute.
@@ -100,14 +77,9 @@ VLLM_CPU_DISPATCH = vllm_layer_utils.dispatch_cpu_unquantized_gemm
 def keep_cpu_linear_weights() -> None:
     """Make vLLM's CPU backend keep its linear weights as parameters, so that a push can reach them.
 
-    At load time vLLM's CPU backend hands every 2-D linear weight to `dispatch_cpu_unquantized_gemm`, which builds
-    a packed oneDNN or SGL kernel from a *copy* of the weight and, by default, replaces the parameter by an empty
-    tensor (docs/library-notes.md, "Packed CPU kernels"): `reload_weights` would then load new values that no
-    kernel reads, and generation would go on from the old weights. Here vLLM's own dispatch runs with
-    `remove_weight=False`: the parameters keep their values, `reload_weights` writes into them, and
-    `repack_cpu_linear` rebuilds the packed kernels from them after every push (`push_weights` does it).
-
-    Process-wide (it replaces the module attribute vLLM imports at load time); call it before creating an engine.
+    It builds a packed kernel from a copy of each linear weight and by default empties the parameter, so a reload
+    would load values no kernel reads; `push_weights` then rebuilds the kernels. Process-wide; call it before
+    creating an engine.
     """
     if getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", None):
         return
@@ -120,8 +92,6 @@ def keep_cpu_linear_weights() -> None:
 
 
 def _repack_worker(worker) -> int:
-    """In the worker (this process): run vLLM's CPU dispatch again on every linear layer that has a packed
-    kernel, so the kernel is rebuilt from the parameter's current values. Returns the number of layers."""
     count = 0
     for module in worker.model_runner.model.modules():
         weight = getattr(module, "weight", None)
@@ -132,8 +102,7 @@ def _repack_worker(worker) -> int:
 
 
 def repack_cpu_linear(llm) -> int:
-    """Rebuild the CPU engine's packed linear kernels from its (just reloaded) parameters; returns the layer
-    count. vLLM calls a function passed to `collective_rpc` with each worker (in-process here)."""
+    """Rebuild the CPU engine's packed linear kernels from its parameters; returns the layer count."""
     return sum(llm.collective_rpc(_repack_worker))
 
 
@@ -142,70 +111,44 @@ def cpu_kernels_are_packed() -> bool:
     return not torch.cuda.is_available() and getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", True)
 
 
-# What vLLM's in-place reload logs, at warning level, for every layer a push leaves out: expected of a partial push
-# (docs/library-notes.md, "The in-place reload").
+# What vLLM's in-place reload logs, at warning level, for every layer a partial push leaves out.
+RELOAD_LOGGERS = [f"vllm.model_executor.model_loader.reload.{name}" for name in ("layerwise", "inplace")]
 PARTIAL_RELOAD_MESSAGES = ("%s: Failed to load weights", "Following weights were not loaded from checkpoint: %s")
 
 
-class _PartialReloadFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg not in PARTIAL_RELOAD_MESSAGES
+def _not_partial_reload(record: logging.LogRecord) -> bool:
+    return record.msg not in PARTIAL_RELOAD_MESSAGES
 
 
 def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bool | None = None,
                  partial: bool = False) -> float:
     """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache. Returns seconds.
 
-    On the CPU with packed kernels, the kernels are rebuilt from the new parameters (`repack`; None means "when
-    the engine's kernels are packed"). vLLM's reload rebuilds the kernel of each layer it loads, but not of a tied
-    head whose embedding was loaded: after a whole-model push `repack=False` leaves the engine generating from
-    the old head, and the push verification (`check_sync`) must then fail, which tests/test_rollout.py shows.
-    `partial` (some weights left out, as `MergedPush` sends) silences the reload's warning for each of them.
+    `repack` rebuilds the packed CPU kernels afterwards (None: where the engine's kernels are packed). The reload
+    rebuilds the kernel of each layer it loads but not a tied head's, so a whole-model push needs it. `partial`
+    (some weights left out, as lora.MergedPush sends) silences the reload's warning for each of them.
     """
     start = time.perf_counter()
-    loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}") for name in ("layerwise", "inplace")]
-    quiet = _PartialReloadFilter()
+    loggers = [logging.getLogger(name) for name in RELOAD_LOGGERS]
     for logger in loggers if partial else []:
-        logger.addFilter(quiet)
+        logger.addFilter(_not_partial_reload)
     try:
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
     finally:
         for logger in loggers:
-            logger.removeFilter(quiet)
+            logger.removeFilter(_not_partial_reload)
     if cpu_kernels_are_packed() if repack is None else repack:
         repack_cpu_linear(llm)
-    # Cached KV blocks were computed by the old weights.
-    llm.reset_prefix_cache()
+    llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
     return time.perf_counter() - start
-
-
-def push(llm, model: torch.nn.Module, zero_stage: int, *, sums: WeightSums | None = None,
-         dtype: torch.dtype | None = None) -> float:
-    """A fully trained policy into the engine: every parameter (`iter_full_parameters`); returns seconds. `sums`
-    adds up what the engine should now hold, cast to the engine's `dtype`, for `check_weight_sums`. A LoRA policy
-    goes through lora.push, which sends less and uses the loading and the checks of this file."""
-    weights = iter_full_parameters(model, zero_stage)
-    if sums is not None:
-        weights = summed(weights, sums, dtype)
-    return push_weights(llm, weights)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The checks: the probe's log-probabilities, and the weights' sums
 
 
 PROBE_PROMPT_TOKENS = 16
 
 
 def make_probe(tokenizer, prompt_ids: Sequence[int]) -> tuple[list[int], list[int]]:
-    """A fixed prompt and completion whose log-probabilities vLLM and the trainer must agree on after a push.
-
-    The prompt is the last PROBE_PROMPT_TOKENS tokens of a training prompt (the end of the question and the
-    assistant turn's opening): every weight acts on every token, so a short probe catches a push that did not land
-    as well as a long one, and its cost grows with its length (the trainer's forward of it is most of the check).
-    Outside float32 the weights themselves are checked exactly by their sums (`check_weight_sums`); the probe
-    checks what computes with them (the packed CPU kernels, an adapter applied by vLLM).
-    """
+    """(prompt, completion) ids whose log-probabilities vLLM and the trainer must agree on after a push: the last
+    PROBE_PROMPT_TOKENS tokens of a training prompt (every weight acts on every token) and a fixed answer."""
     completion = ("<think>The passage answers the question directly.</think>\n<long_answer>According to the "
                   "passage, the answer is stated in its first sentence.</long_answer>\n<answer>")
     ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
@@ -222,25 +165,24 @@ def vllm_token_logprobs(llm, prompt_ids: Sequence[int], completion_ids: Sequence
     """vLLM's log-probabilities of `completion_ids` after `prompt_ids`, `(T,)` float32 (prompt logprobs)."""
     ids = list(prompt_ids) + list(completion_ids)
     params = SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0)
-    output = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False, **request_kwargs(lora_request))[0]
+    prompts = [TokensPrompt(prompt_token_ids=ids)]
+    output = llm.generate(prompts, params, use_tqdm=False, **request_kwargs(lora_request))[0]
     # prompt_logprobs[t] holds the logprob of ids[t] given ids[:t] (entry 0 is None).
     steps = output.prompt_logprobs[len(prompt_ids) :]
     return torch.tensor([step[token].logprob for step, token in zip(steps, completion_ids)], dtype=torch.float32)
 
 
-# The probe's statistic sets aside its worst quarter of tokens: kernel rounding moves a few tokens by tenths of a nat
-# in bfloat16 (on one CPU's kernels up to 4 of 34 beyond 0.5), while stale kernels or an engine that does not read
-# the pushed weights move most tokens.
+# The probe sets aside its worst quarter of tokens: bfloat16 kernel rounding moves a few tokens by tenths of a nat,
+# while stale kernels or an engine that does not read the pushed weights move most tokens.
 PROBE_SET_ASIDE = 0.25
 
 
 def check_sync(vllm_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tolerance: float,
                sums: str = "were not compared") -> dict[str, float]:
-    """Raise WeightSyncError unless vLLM's and the trainer's `(T,)` log-probabilities of the probe agree: the probe's
-    trimmed maximum |Δ|, the largest once its worst ⌊PROBE_SET_ASIDE · T⌋ tokens are set aside, within `tolerance`
-    (so at most that many tokens may lie beyond it), and every value finite. `sums` says what the weight sums found,
-    for the message. Returns `sync/push_trimmed_abs_diff` and `sync/push_max_abs_diff`.
-    """
+    """Raise WeightSyncError unless vLLM's and the trainer's `(T,)` log-probabilities of the probe agree: every
+    value finite, and the trimmed maximum |Δ| (the largest once the worst ⌊PROBE_SET_ASIDE · T⌋ tokens are set
+    aside) within `tolerance`. `sums`, what the weight sums found, goes into the message. Returns
+    `sync/push_trimmed_abs_diff` and `sync/push_max_abs_diff`."""
     assert vllm_logprobs.shape == trainer_logprobs.shape, (vllm_logprobs.shape, trainer_logprobs.shape)
     diff = (vllm_logprobs.float() - trainer_logprobs.float().cpu()).abs()  # (T,)
     aside = int(PROBE_SET_ASIDE * len(diff))
@@ -271,22 +213,12 @@ _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 class WeightSums:
     """Exact integer sums over the bits of a set of weight tensors: a checksum of a push that needs no name mapping.
 
-    Each value is read as the signed integer of its bits (a bfloat16 as an int16, a float32 as an int32), so the
-    sums are exact and the pushed tensors, cast to the engine's dtype, sum to what the engine holds exactly when
-    every value landed bit for bit. vLLM holds some weights fused (q, k and v in one `qkv_proj`, gate and up in one
-    `gate_up_proj`) and pads the vocabulary rows of the embedding with zeros at every load, so its
-    parameters are not the pushed tensors one for one; the sums are ones that row-wise fusion and zero rows (whose
-    bits are 0) leave unchanged: `total` = Σ bits over every value, and `placed` = Σ (1 + layer) · c_j · bits[i, j]
-    over the matrices, where j is the column (c_j = 1 + j mod 97) and `layer` the decoder layer its name holds
-    ("layers.3." → 3; 0 elsewhere), both of which vLLM keeps. `total` sees a value that did not land; `placed` also
-    sees values that landed in the wrong place: a transposed matrix (its columns become rows) and same-shape
-    matrices of two layers swapped. Blind spots: rows swapped within a matrix, two same-shape matrices swapped
-    within one layer, and changes that cancel in both sums. One pass over the values (column sums of the bits,
-    in int32 for 16-bit values), about 0.2 ns a value on a 2-core CPU against ~7 for float64 sums.
-
-    `scope` names the modules (Hugging Face names, "model.layers.3.self_attn.q_proj") whose weights the sums cover
-    when a push sends part of the model (`engine_weight_sums` then sums the engine's parameters built from those
-    modules only); None means the whole model.
+    Each value counts as the signed integer of its bits, so the pushed tensors, cast to the engine's dtype, sum to
+    what the engine holds exactly when every value landed. The sums are ones that vLLM's row-wise fusion (q, k, v
+    into `qkv_proj`) and zero-padded embedding rows leave unchanged: `total` = Σ bits, and `placed` = Σ (1 + layer)
+    · c_j · bits[i, j] over the matrices, c_j = 1 + j mod 97, `layer` the decoder layer in the name (else 0), which
+    also sees a transposed matrix or two layers' matrices swapped. `scope`: the modules (Hugging Face names) a
+    partial push covers (`engine_weight_sums` then sums only the engine's parameters built from them); None: all.
     """
 
     total: int = 0
@@ -311,17 +243,18 @@ class WeightSums:
         if tensor.dim() >= 2:
             weights = 1 + torch.arange(matrix.shape[1], device=matrix.device) % 97  # c_j, int64
             # Σ_j c_j · columns_j in two int64 halves that cannot overflow: columns = high · 2^24 + low. A product
-            # and a sum, not `@`: CUDA has no integer dot/matmul (tests/test_cuda_kernels.py).
+            # and a sum, not `@`: CUDA has no integer matmul.
             high = columns >> 24
             low = columns - (high << 24)
-            self.placed += (1 + self.layer_of(name)) * ((int((high * weights).sum()) << 24) + int((low * weights).sum()))
+            dot = (int((high * weights).sum()) << 24) + int((low * weights).sum())
+            self.placed += (1 + self.layer_of(name)) * dot
 
     def add_as_held(self, tensor: torch.Tensor, dtype: torch.dtype, name: str = "") -> None:
         """Add a pushed tensor as the engine will hold it: cast to the engine's `dtype`."""
         self.add(tensor.to(dtype), name)
 
     def add_sums(self, other: WeightSums) -> None:
-        """Add the sums of another set of tensors (this set and that one, as if added tensor by tensor)."""
+        """Add the sums of another set of tensors, as if added tensor by tensor."""
         self.total += other.total
         self.placed += other.placed
 
@@ -335,9 +268,8 @@ def summed(weights: Iterable[tuple[str, torch.Tensor]], sums: WeightSums,
 
 
 def in_scope(name: str, scope: frozenset[str] | None, packed: dict[str, list[str]]) -> bool:
-    """Whether the engine's parameter `name` is built from modules of `scope` only: a fused module
-    ("model.layers.3.self_attn.qkv_proj") from its parts as the model's `packed_modules_mapping` lists them (q_proj,
-    k_proj and v_proj), any other module from itself. None is the whole model."""
+    """Whether the engine's parameter `name` is built from modules of `scope` (None: all) only: a fused module
+    (`qkv_proj`) from its parts in the model's `packed_modules_mapping`, any other from itself."""
     if scope is None:
         return True
     parent, _, module = name.rpartition(".")[0].rpartition(".")
@@ -355,25 +287,14 @@ def _engine_sums_worker(worker, scope: frozenset[str] | None = None) -> WeightSu
 
 
 def engine_weight_sums(llm, scope: frozenset[str] | None = None) -> WeightSums:
-    """The WeightSums of the engine's parameters built from the modules of `scope` (all with None). vLLM calls a
-    function given to `collective_rpc` with its worker (one worker here, tensor parallel 1); the fused modules'
-    parts come from the model's `packed_modules_mapping` (a class attribute of vLLM's ...ForCausalLM models).
-    Shared parameters count once, as in the trainer's `named_parameters`."""
+    """The WeightSums of the engine's parameters built from the modules of `scope` (all with None); a shared
+    parameter counts once, as in the trainer's walk."""
     return llm.collective_rpc(_engine_sums_worker, kwargs={"scope": scope})[0]
 
 
 def check_weight_sums(pushed: WeightSums, engine: WeightSums) -> float:
-    """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns 0.0 (the sums are exact
-    integers: equal, or the push failed).
-
-    What it detects: any pushed value that did not land bit for bit (a stale or partial push, a push into an engine
-    whose memory was remapped, weights that vLLM changed after loading), however small the change: one bfloat16
-    step of one weight of an 8B model moves `total`. `placed` moves when a matrix landed transposed or in another
-    layer's place. What it cannot detect: an engine that computes wrongly from the right weights (stale packed CPU
-    kernels, an adapter applied wrongly) and weights vLLM holds outside the sums' scope; the probe (`check_sync`)
-    covers the first within its tolerance. vLLM's LoRA slots are plain tensors, not parameters, so with the adapter
-    pushed apart the sums cover W; the adapter's own values are checked in vLLM's LoRA slot (lora.check_adapter).
-    """
+    """Raise WeightSyncError unless the engine's weight sums are the pushed ones; returns 0.0 (the sums are exact).
+    Blind to an engine that computes wrongly from the right weights (stale kernels): the probe covers that."""
     if (pushed.total, pushed.placed) != (engine.total, engine.placed):
         raise WeightSyncError(
             f"weight push failed verification: the engine's weights do not sum to what was pushed (the sum of their "
@@ -382,24 +303,15 @@ def check_weight_sums(pushed: WeightSums, engine: WeightSums) -> float:
     return 0.0
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Memory hand-over between vLLM and the trainer
-
-
 def sleep_supported() -> bool:
     """vLLM can release its memory between rollouts only on CUDA/ROCm/XPU platforms (not on the CPU)."""
     return current_platform.is_sleep_mode_available()
 
 
 def sleep_engine(llm, enabled: bool) -> None:
-    """Give vLLM's memory to the trainer after sampling: sleep at level 2, which unmaps the weights and the KV cache.
-
-    The engine stays asleep through the update; `wake_weights`, the push and `wake_kv_cache` follow, in that order,
-    so that weights are only ever written into mapped memory. Level 2 rather than 1: level 1 copies every weight
-    to the host at each sleep and back at wake-up, about 15 GiB each way per rank and step for an 8B model in
-    bfloat16, only for the push to overwrite it. At level 2 only the module buffers (rotary tables) are kept and put
-    back when the weights wake; every parameter is pushed (docs/library-notes.md, "Sleep levels").
-    """
+    """Give vLLM's memory to the trainer after sampling: sleep at level 2, which unmaps the weights and the KV cache
+    (level 1 would copy every weight to the host and back for the push to overwrite), so every weight is pushed.
+    `wake_weights`, the push and `wake_kv_cache` follow, so weights are only written into mapped memory."""
     if enabled:
         llm.sleep(level=2)
 
@@ -411,7 +323,6 @@ def wake_weights(llm, enabled: bool) -> None:
 
 
 def wake_kv_cache(llm, enabled: bool) -> None:
-    """Map the KV cache again; vLLM serves requests only once nothing sleeps (docs/library-notes.md, "Sleep
-    levels")."""
+    """Map the KV cache again; vLLM serves requests only once nothing sleeps."""
     if enabled:
         llm.wake_up(tags=["kv_cache"])

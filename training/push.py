@@ -1,17 +1,11 @@
-"""Step 6 of the driver: the trained weights into vLLM, and the proof that they arrived. One call,
-`run.push(run.engine)`, whichever of the three ways the set-up chose (`WeightPush.create`):
+"""Step 6 of the driver: the trained weights into vLLM, and the proof that they arrived, in one call,
+`run.push(run.engine)`: every parameter, merged LoRA (`lora.MergedPush`) or the LoRA adapter (`lora.AdapterPush`),
+as the set-up chose (`WeightPush.create`).
 
-- full weights: every parameter under its Hugging Face name (`weight_sync.push`);
-- merged LoRA: W + s·B·A of every adapted module, in new tensors (`lora.push` with a `lora.MergedPush`);
-- LoRA adapter: the adapter itself into vLLM's LoRA support, W untouched (`lora.push` with a `lora.AdapterPush`).
-
-Differs from CANOE (docs/differences.md, D7): every push is verified. The probe (`weight_sync.check_sync`) compares
-vLLM's and the trainer's log-probabilities of one fixed completion; outside float32 its tolerance must leave room
-for two sets of bfloat16 kernels, so the pushed weights' exact sums are compared with the engine's too
-(`weight_sync.check_weight_sums`), and the adapter push checks vLLM's LoRA slot bit for bit (`lora.check_adapter`).
-
-With sleep mode (CUDA) the engine arrives asleep: its weights are woken before the push (a push into unmapped
-memory faults), the KV cache after it (the probe needs it); the engine leaves awake for the next rollout.
+Differs from CANOE (docs/differences.md, D7): every push is verified, by the probe (`weight_sync.check_sync`) and,
+outside float32, where the probe's tolerance must leave room for bfloat16 kernels, by the pushed weights' exact
+sums (`weight_sync.check_weight_sums`) and the adapter's in vLLM's LoRA slot (`lora.check_adapter`). With sleep
+mode the engine arrives asleep: its weights wake before the push, its KV cache after (the probe needs it).
 """
 
 from __future__ import annotations
@@ -56,8 +50,8 @@ class WeightPush:
 
     def __call__(self, engine, *, asleep: bool = True) -> dict[str, float]:
         """Push `engine`'s weights (a DeepSpeed engine or a plain model), verify them and return the `sync/` and
-        `time/` metrics; raises weight_sync.WeightSyncError when they did not arrive. `asleep=False` where the
-        engine is known to be awake (a resumed run's first push)."""
+        `time/` metrics; raises weight_sync.WeightSyncError when they did not arrive. `asleep=False`: the engine
+        is known to be awake (a resumed run's first push)."""
         start = time.perf_counter()
         model = getattr(engine, "module", engine)
         sleeping = self.sleep and asleep
@@ -66,8 +60,10 @@ class WeightPush:
         if lora.is_lora(model):
             seconds = lora.push(self.llm, model, self.zero_stage, adapter=self.adapter, base=sleeping,
                                 merged_push=self.merged, sums=sums, dtype=self.dtype)
-        else:
-            seconds = weight_sync.push(self.llm, model, self.zero_stage, sums=sums, dtype=self.dtype)
+        else:  # every parameter
+            weights = weight_sync.iter_full_parameters(model, self.zero_stage)
+            weights = weights if sums is None else weight_sync.summed(weights, sums, self.dtype)
+            seconds = weight_sync.push_weights(self.llm, weights)
         metrics = {"sync/push_seconds": seconds}
         if self.adapter:  # part of the push: the adapter's folder written and read back
             metrics["time/adapter_push"] = self.adapter.seconds
@@ -83,8 +79,7 @@ class WeightPush:
         return metrics
 
     def check_probe(self, engine, sums_said: str) -> dict[str, float]:
-        """The probe's trimmed and largest |vLLM − trainer| log-probability (weight_sync.check_sync); raises
-        weight_sync.WeightSyncError when the trimmed one is beyond tolerance."""
+        """The probe's `sync/push_*_abs_diff` (weight_sync.check_sync, which raises beyond tolerance)."""
         prompt, completion = self.probe
         device = next(getattr(engine, "module", engine).parameters()).device
         engine.eval()
