@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from plumbing import lora, weight_sync
 import grpo_loss
+from plumbing import lora, weight_sync
 from training import packing
 
 
