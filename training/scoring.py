@@ -1,7 +1,7 @@
 """The rewards of a step: every configured reward function called on the completions, and the logged means.
 
-canoe.py calls `score` on each rollout (with dynamic sampling, on each draw) and `reward_metrics` once on the batch
-it trains on; `reward_counts` before the first rollout, so the counts cover every draw of the step.
+canoe.py calls `reward_counts` before a step's first rollout, `score` on each draw, `reward_metrics` once on the batch
+it trains on (so the counts cover every draw).
 """
 
 from __future__ import annotations
@@ -15,23 +15,17 @@ from training.metrics import timed
 
 
 def reward_columns(rows: list[dict], G: int) -> dict[str, list]:
-    """Every dataset field as a column with one value per completion (N = B·G), None where a row lacks it.
-
-    The union of the rows' fields, in order of first appearance: rows may carry different optional fields, and
-    a field that only a later row has still reaches the rewards.
-    """
+    """Every dataset field of any row (in order of first appearance) as a column with one value per completion
+    (N = B·G), None where a row lacks it."""
     keys = list(dict.fromkeys(key for row in rows for key in row if key != "prompt_ids"))
     return {key: [row.get(key) for row in rows for _ in range(G)] for key in keys}
 
 
 @timed("rewards")
 def score(run, rows: list[dict], completions, stage2) -> torch.Tensor:
-    """Call every reward of `cfg.rewards`; returns the per-reward scores `(N, R)`.
-
-    Every dataset field arrives as a keyword argument with one value per completion (the reward functions'
-    convention), and `completions_long_answer` carries the stage-2 completions. A reward that raises stops the
-    run: only malformed inputs are the rewards' to score 0 (and count in REWARD_ISSUES).
-    """
+    """The per-reward scores `(N, R)` of `cfg.rewards`, each called with the dataset fields as columns and the
+    stage-2 completions as `completions_long_answer`. A reward that raises stops the run (malformed inputs are
+    the rewards' to score 0 and count in REWARD_ISSUES)."""
     names = list(run.cfg.rewards)
     columns = reward_columns(rows, run.cfg.num_generations)
     messages = [[{"role": "assistant", "content": c.text}] for c in completions]
@@ -51,11 +45,8 @@ def reward_counts(run) -> tuple[int, int, int]:
 
 def reward_metrics(run, rows: list[dict], completions, per_reward: torch.Tensor,
                    counts_before: tuple[int, int, int]) -> dict[str, float]:
-    """The logged means of the trained batch's rewards `(N, R)`, and the counts since `counts_before`.
-
-    `signal/<name>` is the share of groups in which that reward is not the same for all G samples: GRPO learns
-    nothing about a reward from a group where it does not vary.
-    """
+    """The logged means of the trained batch's rewards `(N, R)`, the counts since `counts_before`, and
+    `signal/<name>`: the share of groups in which that reward varies (GRPO learns nothing from one where it does not)."""
     G, names = run.cfg.num_generations, list(run.cfg.rewards)
     means = {f"reward/{name}": float(per_reward[:, j].mean()) for j, name in enumerate(names)}
     varies = (~zero_variance_groups(per_reward, G)).float().mean(dim=0)  # (R,) share of the B groups
