@@ -162,8 +162,9 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite
          predictions: str | None = None, sample: bool = False, indent_system_prompt: bool | None = None) -> dict:
     """The `--eval` mode: the synthetic evaluation, or (with `suite`) a paper benchmark. Returns the scores."""
     if suite is not None:
+        indent = True if indent_system_prompt is None else indent_system_prompt
         return run_suite(cfg, suite, eval_file=eval_file, model=model, predictions=predictions, sample=sample,
-                         limit=limit, indent_system_prompt=True if indent_system_prompt is None else indent_system_prompt)
+                         limit=limit, indent_system_prompt=indent)
     if predictions is not None:
         raise SystemExit("error: --predictions scores a benchmark's outputs: give its --suite too")
     model = model or cfg.model
@@ -184,9 +185,6 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite
            ({"id": row.get("id"), "task": row.get("task"), "solution": row["solution"], "output": text}
             for row, text in zip(rows, outputs)))
     return scores
-
-
-# The paper's benchmarks
 
 
 class UnpairedPredictionsWarning(UserWarning):
@@ -233,10 +231,16 @@ def read_predictions(path: str | Path, items: list[suites.Item]) -> list[dict[st
         if "question" in record and record["question"] != item.question:
             raise data.DataError(f"{where}: its question {record['question']!r} is not the item's {item.question!r}")
         if official:
-            found.append({"think": record.get("think"), "long_answer": record.get("long_answer"), "pred": record["pred"]})
+            found.append({"think": record.get("think"), "long_answer": record.get("long_answer"),
+                          "pred": record["pred"]})
         else:
             found.append(_extracted(record["output"]))
-    _warn_unpaired(path, records)
+    missing = sum("question" not in record for record in records)
+    if missing:
+        warnings.warn(f"{path}: {missing} of {len(records)} predictions have no 'question' field, so they are paired "
+                      "with the items by position alone, unchecked: the i-th prediction is scored against the i-th "
+                      "item of --eval-file. Add a 'question' field to each (as `--eval --suite` writes it) to have "
+                      "the pairing checked", UnpairedPredictionsWarning, stacklevel=2)
     return found
 
 
@@ -257,15 +261,6 @@ def _jsonl_values(path: Path, text: str) -> list[Any]:
     return values
 
 
-def _warn_unpaired(path: Path, records: list[dict]) -> None:
-    missing = sum("question" not in record for record in records)
-    if missing:
-        warnings.warn(f"{path}: {missing} of {len(records)} predictions have no 'question' field, so they are paired "
-                      "with the items by position alone, unchecked: the i-th prediction is scored against the i-th "
-                      "item of --eval-file. Add a 'question' field to each (as `--eval --suite` writes it) to have "
-                      "the pairing checked", UnpairedPredictionsWarning, stacklevel=3)
-
-
 def suite_table(suite: str, file: str, scores: dict, last_printed: dict | None = None) -> str:
     """The printed table: the suite's scores in percent over every item, after `answer` (suites.answer_share, "-"
     when the outputs are unknown); with `last_printed`, a second row with the official script's last figure."""
@@ -280,12 +275,9 @@ def suite_table(suite: str, file: str, scores: dict, last_printed: dict | None =
     official = f"{'':<11}{'official, last printed':<28}{m:>6}{'':>8}" + "".join(
         f"{last_printed['scores'][name]:>10.2f}" for name in metrics)
     every = suites.OFFICIAL_PRINT_EVERY
-    note = f"(the official script prints every {every} items the score so far"
-    if m == scores["n"]:
-        note += f"; {m} is a multiple of {every}, so its last figure covers every item too)"
-    else:
-        note += f": its last figure covers the first {m} of {scores['n']} items; the first row covers every item)"
-    return f"{head}\n{row}\n{official}\n{note}"
+    note = (f"; {m} is a multiple of {every}, so its last figure covers every item too)" if m == scores["n"] else
+            f": its last figure covers the first {m} of {scores['n']} items; the first row covers every item)")
+    return f"{head}\n{row}\n{official}\n(the official script prints every {every} items the score so far{note}"
 
 
 def _answer_suite(cfg, suite: str, items: list[suites.Item], eval_file: str, model: str, sample: bool,

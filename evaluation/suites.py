@@ -157,11 +157,6 @@ def faitheval_fixed(prediction: str, answer_key: str, labels: Sequence[str], tex
     return pred in (normalize(key_text), normalize(f"{answer_key}: {key_text}"))
 
 
-def percent(hits: Sequence[bool]) -> float:
-    """100 × the share of True (the official scripts divide by n + 1e-5; see the module docstring)."""
-    return 100.0 * sum(hits) / len(hits)
-
-
 @dataclass(frozen=True)
 class Item:
     """One benchmark record, read the official way. `problem` is the user turn; `golds` the accepted answers;
@@ -254,19 +249,13 @@ _READERS = {
 }
 
 
-def read_records(path: str | Path, split: str = "test") -> list[dict]:
-    """The records of a suite file: a `.json` list, as the official scripts read it, or anything
-    `data.load_records` reads (FaithEval from the hub: parquet, JSONL, a `save_to_disk` folder)."""
-    if Path(path).suffix.lower() == ".json":
-        return read_json_list(path)
-    return load_records(path, split=split)
-
-
 def read_suite(suite: str, path: str | Path) -> list[Item]:
-    """Every record of `path` as an Item of `suite`; a bad record is a DataError naming its index."""
+    """Every record of `path` as an Item of `suite`; a bad record is a DataError naming its index. A `.json` file is
+    a JSON list, as the official scripts read it; any other, what `data.load_records` reads (FaithEval from the hub:
+    parquet, JSONL, a `save_to_disk` folder)."""
     if suite not in _READERS:
         raise ValueError(f"unknown suite {suite!r}; choose from {SUITES}")
-    records = read_records(path)
+    records = read_json_list(path) if Path(path).suffix.lower() == ".json" else load_records(path, split="test")
     if not records:
         raise DataError(f"{path}: no records")
     items = []
@@ -301,7 +290,7 @@ def score(suite: str, items: Sequence[Item], predictions: Sequence[str]) -> dict
     if not items or len(items) != len(predictions):
         raise ValueError(f"need one prediction per item, got {len(predictions)} for {len(items)} items")
     hits = [item_hits(suite, item, pred) for item, pred in zip(items, predictions)]
-    scores = {name: percent([h[name] for h in hits]) for name in hits[0]}
+    scores = {name: 100.0 * sum(h[name] for h in hits) / len(hits) for name in hits[0]}
     if "po" in scores:
         total = scores["ps"] + scores["po"]
         scores["mr"] = 100.0 * scores["po"] / total if total else 0.0

@@ -75,9 +75,7 @@ def timed(phase: str) -> Callable:
         def wrapper(run, *args, **kwargs):
             with timing(run, phase):
                 return function(run, *args, **kwargs)
-
         return wrapper
-
     return decorate
 
 

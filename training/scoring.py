@@ -46,7 +46,7 @@ def reward_counts(run) -> tuple[int, int, int]:
 def reward_metrics(run, rows: list[dict], completions, per_reward: torch.Tensor,
                    counts_before: tuple[int, int, int]) -> dict[str, float]:
     """The logged means of the trained batch's rewards `(N, R)`, the counts since `counts_before`, and
-    `signal/<name>`: the share of groups in which that reward varies (GRPO learns nothing from one where it does not)."""
+    `signal/<name>`: the share of groups in which that reward varies (GRPO learns nothing where it does not)."""
     G, names = run.cfg.num_generations, list(run.cfg.rewards)
     means = {f"reward/{name}": float(per_reward[:, j].mean()) for j, name in enumerate(names)}
     varies = (~zero_variance_groups(per_reward, G)).float().mean(dim=0)  # (R,) share of the B groups
