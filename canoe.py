@@ -46,7 +46,7 @@ from grading.grader import MathGrader
 from plumbing import checkpoint, lora, weight_sync
 from plumbing.runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs
 from training import cli, packing, preflight
-from training.metrics import RunLog, Step, step_metrics, timed, timing, truncate_log, write_run_info
+from training.metrics import RunLog, Step, step_metrics, timing, truncate_log, write_run_info
 from training.optimizer import deepspeed_config, lr_lambda
 from training.push import WeightPush
 from training.scoring import reward_counts, reward_metrics

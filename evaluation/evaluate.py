@@ -1,37 +1,20 @@
-"""Evaluation: a model's answers (or answers that already exist) on an evaluation set, scored and written out.
+"""`canoe.py --eval`: a model's answers (or answers already written) on an evaluation set, scored and written out.
 
-    python canoe.py --config config.toml --eval                                  # the config's model and eval_file
-    python canoe.py --config config.toml --eval --model runs/default/checkpoints/step-000060/policy
-    python canoe.py --eval --suite confiqa --eval-file ConFiQA-QA-test.json      # a paper benchmark, official rules
-    python canoe.py --eval --suite confiqa --eval-file ConFiQA-QA-test.json --predictions P   # no model loaded
+    python canoe.py --config config.toml --eval [--model runs/default/checkpoints/step-000060/policy] [--limit N]
+    python canoe.py --eval --suite confiqa --eval-file ConFiQA-QA-test.json [--predictions P]   # P: no model loaded
 
-Two modes:
+Without `--suite` (any file `loaders.load_eval_rows` reads) every item gets training's system prompt and response
+prefix, and `score` gives per task type data.exact_match on the `<answer>` span, its `contains` variant and the
+share of outputs that rewards.format_reward accepts. With `--suite NAME` (suites.py) the file is read, prompted and
+scored by the official rules, with the config's system prompt indented four spaces as in the official scripts
+(`--no-indent-system-prompt` turns that off), and no item dropped for its length; `--predictions FILE` re-scores
+this mode's `.predictions.jsonl` or an official result file (`read_predictions`). For a file of more than 100 items
+the report adds suites.official_last_printed, the figure the official scripts would last have printed.
 
-- **Without `--suite`** (the synthetic data, or any file `loaders.load_eval_rows` reads): every item is answered with
-  the same system prompt and response prefix as in training, and scored by our normalised exact match
-  (data.exact_match: case, punctuation, articles and whitespace ignored, a negated prediction fails; its
-  docstring lists where it differs from the official ConFiQA EM) between the `<answer>` span of the output and
-  the gold; `contains` is the same match with the gold's words anywhere in the answer (score); the format rate
-  is the share of outputs that rewards.format_reward accepts. The table is per task type (the `task` field;
-  "all" when the data has none).
-- **With `--suite NAME`** (suites.py: confiqa, fiqa, cnq, faitheval, followrag): the file is read as the
-  official CANOE scripts read it, the user turn is the suite's prompt, the system prompt is the config's with
-  every line indented by four spaces as in the official scripts (`--no-indent-system-prompt` turns that off),
-  and the outputs are extracted and scored by the official rules, as percentages with the official names. Every
-  item is scored: no prompt is dropped for its length (the engine is sized for the longest). With
-  `--predictions FILE` no model is loaded: FILE is either the `.predictions.jsonl` this mode writes (its
-  `output`s are extracted again) or a result file of the official scripts (the suite's JSON list with `pred`
-  added, scored as it is), so the paper's own outputs can be re-scored with the same code. The official
-  ConFiQA, FiQA and FaithEval scripts print the score only every 100 items: for their files of more than 100
-  items the table and the report also give the figure they would last have printed
-  (suites.official_last_printed), to compare with a paper's table.
-
-Generation is greedy by default. `--sample` samples with the model's own settings (its generation_config.json,
-with the Hugging Face defaults for what it leaves out, as the official scripts' `model.generate` does; a model
-whose config does not sample is decoded greedily, as there) and the config's seed. The official runs are
-sampled without a seed, in fp16, one prompt at a time, so they cannot be matched exactly; we batch in vLLM and
-use the config's dtype. Results go to OUTPUT_DIR/eval/<name>.json, with every prediction in
-<name>.predictions.jsonl beside it.
+Generation is greedy; `--sample` samples with the model's generation_config.json (Hugging Face's defaults for what it
+leaves out) and the config's seed. The official runs sample unseeded in fp16, one prompt at a time; we batch in vLLM
+with the config's dtype. A LoRA checkpoint is evaluated as its adapter merged into its base in float32. Results go to
+OUTPUT_DIR/eval/<name>.json, with every prediction in <name>.predictions.jsonl beside it.
 """
 
 from __future__ import annotations
@@ -43,6 +26,7 @@ import json
 import tempfile
 import warnings
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +53,10 @@ def item_scores(rows: list[dict], outputs: list[str]) -> list[dict[str, bool]]:
 
 
 def score(rows: list[dict], outputs: list[str]) -> dict:
-    """EM, its `contains` variant and the format rate per task type and overall; `outputs` are the full answer
-    texts (prefix included).
+    """n, em, contains and format_rate per task type and "overall"; `outputs` are the full texts (prefix included).
 
-    em: data.exact_match between the answer span of the output (tags.answer_span: the first `<answer>`, the whole
-    output when it has none) and the gold's. contains: the same two strings with exact_match(contains=True): the
-    gold's words anywhere in the answer span, as a contiguous run (negation guard kept). It reads faithfulness
-    apart from the short-answer format: "<answer>Lyon, as the passage says</answer>" and an output without tags
-    that names the gold count; an answer from memory does not.
+    em compares the output's answer span (the first `<answer>`, else the whole output) with the gold's; contains
+    accepts the gold's words as a contiguous run anywhere in it (negation guard kept).
     """
     groups: dict[str, list[dict[str, bool]]] = defaultdict(list)
     for row, item in zip(rows, item_scores(rows, outputs)):
@@ -89,10 +69,8 @@ def score(rows: list[dict], outputs: list[str]) -> dict:
 
 
 def sampling_settings(model: str, sample: bool) -> dict[str, Any]:
-    """vLLM sampling settings: greedy, or (sample=True) the model's generation_config.json with HF's defaults.
-
-    A config without `do_sample: true` decodes greedily under `model.generate`, so it does here too.
-    """
+    """vLLM sampling settings: greedy, or (sample=True) the model's generation_config.json with HF's defaults;
+    a config without `do_sample: true` decodes greedily, as under `model.generate`."""
     if not sample:
         return {"temperature": 0.0}
     path = Path(model) / "generation_config.json"
@@ -106,9 +84,8 @@ def sampling_settings(model: str, sample: bool) -> dict[str, Any]:
 
 def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, Any], max_model_len: int,
              max_tokens: int) -> list[str]:
-    """One answer per prompt of at most `max_tokens` new tokens from a vLLM engine on `model`; the config's response
-    prefix is put back in front. A LoRA checkpoint is run as its adapter merged into its base in float32
-    (`lora_checkpoint`), in a folder beside it that is removed afterwards."""
+    """One answer per prompt (at most `max_tokens` new tokens) from a vLLM engine on `model`, with the config's
+    response prefix put back in front. A LoRA checkpoint is merged first into a temporary folder beside it."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -117,7 +94,6 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
     runtime.single_process_defaults()
     dtype = runtime.resolve_dtype(cfg.dtype)
     source = lora_checkpoint(model)
-    # Only a LoRA checkpoint needs a folder, beside it, for its merge; a plain model folder is loaded as it is.
     with tempfile.TemporaryDirectory(dir=Path(model).parent) if source else contextlib.nullcontext() as work:
         if source:
             model = str(Path(work) / "merged")
@@ -132,15 +108,9 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
 
 
 def lora_checkpoint(model: str) -> tuple[str, str] | None:
-    """(base model folder, adapter folder) when `model` is a LoRA run's checkpoint, else None.
-
-    Such a checkpoint holds `policy/`, the merged W + s·B·A in the training dtype, and `adapter/` beside it
-    (checkpoint.save_policy). Every evaluation (`--eval`, `make eval`, bench/scoreboard.py) runs it one way: the
-    adapter merged into its base as stored, in float32 (`merge_in_float32`), exact to float32's rounding, so that
-    a checkpoint trained in bfloat16 (whose `policy/` lost every entry of s·B·A below half a step of W) and one
-    trained in float32 are read alike, and vLLM runs its ordinary kernels (on a CPU its adapter kernels copy the
-    adapter for every token: docs/library-notes.md, "An adapter on vLLM's CPU path").
-    """
+    """(base model folder, adapter folder) when `model` is a LoRA run's `policy/` with `adapter/` beside it, else
+    None. Every evaluation runs such a checkpoint as the adapter merged into its base in float32, so that one trained
+    in bfloat16 (whose `policy/` lost the small entries of s·B·A) reads like one trained in float32."""
     adapter = Path(model).parent / "adapter"
     if Path(model).name != "policy" or not (adapter / "adapter_config.json").exists():
         return None
@@ -160,8 +130,6 @@ def merge_in_float32(base: str, adapter: str, target: Path) -> None:
 
 
 def _tokenizer_and_style(cfg, model: str, indent_system_prompt: bool | None) -> tuple[Any, dict[str, str]]:
-    """The model's tokenizer and the prompt style of training, with the evaluation scripts' indented system prompt
-    when asked (suites.indent_system_prompt). Checks first that `model` is a model folder."""
     from transformers import AutoTokenizer
 
     _check_model(model)
@@ -180,12 +148,23 @@ def _run_name(model: str) -> str:
     return Path(model).name if Path(model).name != "policy" else Path(model).parent.name
 
 
+def _write(cfg, name: str, report: dict, predictions: Iterable[dict]) -> None:
+    out = Path(cfg.output_dir) / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
+    with open(out / f"{name}.predictions.jsonl", "w") as f:
+        for prediction in predictions:
+            f.write(json.dumps(prediction) + "\n")
+    print(f"written to {out / (name + '.json')}")
+
+
 def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite: str | None = None,
          predictions: str | None = None, sample: bool = False, indent_system_prompt: bool | None = None) -> dict:
-    """The `--eval` mode: the synthetic evaluation, or (with `suite`) a paper benchmark."""
+    """The `--eval` mode: the synthetic evaluation, or (with `suite`) a paper benchmark. Returns the scores."""
     if suite is not None:
+        indent = True if indent_system_prompt is None else indent_system_prompt
         return run_suite(cfg, suite, eval_file=eval_file, model=model, predictions=predictions, sample=sample,
-                         limit=limit, indent_system_prompt=True if indent_system_prompt is None else indent_system_prompt)
+                         limit=limit, indent_system_prompt=indent)
     if predictions is not None:
         raise SystemExit("error: --predictions scores a benchmark's outputs: give its --suite too")
     model = model or cfg.model
@@ -201,36 +180,29 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite
     print(f"\n{'task':<16}{'n':>6}{'EM':>8}{'contains':>10}{'format':>8}")
     for group, s in scores.items():
         print(f"{group:<16}{s['n']:>6}{s['em']:>8.3f}{s['contains']:>10.3f}{s['format_rate']:>8.3f}")
-    out = Path(cfg.output_dir) / "eval"
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"{_run_name(model)}-{Path(eval_file).stem}"
-    (out / f"{name}.json").write_text(json.dumps({"model": model, "eval_file": eval_file, "scores": scores}, indent=1))
-    with open(out / f"{name}.predictions.jsonl", "w") as f:
-        for row, text in zip(rows, outputs):
-            f.write(json.dumps({"id": row.get("id"), "task": row.get("task"), "solution": row["solution"],
-                                "output": text}) + "\n")
-    print(f"written to {out / (name + '.json')}")
+    _write(cfg, f"{_run_name(model)}-{Path(eval_file).stem}",
+           {"model": model, "eval_file": eval_file, "scores": scores},
+           ({"id": row.get("id"), "task": row.get("task"), "solution": row["solution"], "output": text}
+            for row, text in zip(rows, outputs)))
     return scores
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The paper's benchmarks
-# --------------------------------------------------------------------------------------------------------------
 
 
 class UnpairedPredictionsWarning(UserWarning):
     """Some predictions name no question, so nothing checks that they are paired with the right items."""
 
 
-def read_predictions(path: str | Path, items: list[suites.Item]) -> list[dict[str, str]]:
-    """The `think`, `long_answer` and `pred` (the answer) of every item, from a predictions file.
+def _extracted(output: str) -> dict[str, str]:
+    sections = suites.extract(output)
+    return {"output": output, "think": sections["think"], "long_answer": sections["long_answer"],
+            "pred": sections["answer"]}
 
-    A file whose first non-blank character is "[" is one JSON list, an official result file: each record holds
-    `pred` (already extracted, used as it is), and a syntax error is reported at json's own line and column.
-    Any other file is the JSONL `--eval --suite` writes (read by `_jsonl_values`): each line's `output` is
-    extracted again. A UTF-8 byte-order mark is skipped. There must be one prediction per item, in the items'
-    order: the i-th prediction is scored against the i-th item. Where a record names its question, it must be the
-    item's; records without one are paired by position alone, with one UnpairedPredictionsWarning per file.
+
+def read_predictions(path: str | Path, items: list[suites.Item]) -> list[dict[str, str]]:
+    """The `think`, `long_answer` and `pred` (the answer) of every item, from a predictions file; DataError if bad.
+
+    A file starting with "[" is an official result file, whose `pred` is used as it is; any other is the JSONL
+    `--eval --suite` writes, whose `output` is extracted again. The i-th prediction is scored against the i-th item;
+    a record's `question`, where given, must be the item's (without one: one UnpairedPredictionsWarning per file).
     """
     path = Path(path)
     try:
@@ -250,31 +222,31 @@ def read_predictions(path: str | Path, items: list[suites.Item]) -> list[dict[st
     if len(records) != len(items):
         raise data.DataError(f"{path}: {len(records)} predictions for {len(items)} items; every item must be scored "
                              "(with --limit N, the first N items)")
+    field = "pred" if official else "output"
     found = []
     for item, record in zip(items, records):
         where = f"{path}: prediction {item.index}"
-        field = "pred" if official else "output"
         if not isinstance(record, dict) or not isinstance(record.get(field), str):
             raise data.DataError(f"{where}: no {field!r} string")
         if "question" in record and record["question"] != item.question:
             raise data.DataError(f"{where}: its question {record['question']!r} is not the item's {item.question!r}")
         if official:
-            found.append({"think": record.get("think"), "long_answer": record.get("long_answer"), "pred": record["pred"]})
+            found.append({"think": record.get("think"), "long_answer": record.get("long_answer"),
+                          "pred": record["pred"]})
         else:
-            sections = suites.extract(record["output"])
-            found.append({"output": record["output"], "think": sections["think"],
-                          "long_answer": sections["long_answer"], "pred": sections["answer"]})
-    _warn_unpaired(path, records)
+            found.append(_extracted(record["output"]))
+    missing = sum("question" not in record for record in records)
+    if missing:
+        warnings.warn(f"{path}: {missing} of {len(records)} predictions have no 'question' field, so they are paired "
+                      "with the items by position alone, unchecked: the i-th prediction is scored against the i-th "
+                      "item of --eval-file. Add a 'question' field to each (as `--eval --suite` writes it) to have "
+                      "the pairing checked", UnpairedPredictionsWarning, stacklevel=2)
     return found
 
 
 def _jsonl_values(path: Path, text: str) -> list[Any]:
-    """The JSON value of every line of a JSONL text; a bad line is a DataError naming its line and column.
-
-    Lines end at "\\n" only, with a "\\r" before it dropped (CRLF files): str.splitlines would also cut inside
-    JSON strings holding U+2028, U+2029 or U+0085, which JSON allows unescaped. Blank lines are allowed only
-    after the last record, as in data.load_jsonl; a blank line between records is an error.
-    """
+    # Lines end at "\n" only (a "\r" before it dropped): str.splitlines would also cut inside JSON strings holding
+    # U+2028, U+2029 or U+0085. Blank lines are allowed only after the last record, as in data.load_jsonl.
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     while lines and not lines[-1].strip():
         lines.pop()
@@ -289,21 +261,9 @@ def _jsonl_values(path: Path, text: str) -> list[Any]:
     return values
 
 
-def _warn_unpaired(path: Path, records: list[dict]) -> None:
-    """One UnpairedPredictionsWarning if some records have no `question`: nothing checks their pairing."""
-    missing = sum("question" not in record for record in records)
-    if missing:
-        warnings.warn(f"{path}: {missing} of {len(records)} predictions have no 'question' field, so they are paired "
-                      "with the items by position alone, unchecked: the i-th prediction is scored against the i-th "
-                      "item of --eval-file. Add a 'question' field to each (as `--eval --suite` writes it) to have "
-                      "the pairing checked", UnpairedPredictionsWarning, stacklevel=3)
-
-
 def suite_table(suite: str, file: str, scores: dict, last_printed: dict | None = None) -> str:
-    """The printed table: one row, the suite's scores in percent over every item, after `answer`, the share (0-1)
-    of outputs that hold an `<answer>` span (suites.answer_share; "-" when the outputs are not known, as with an
-    official result file); with `last_printed` (suites.official_last_printed), a second row with the figure the
-    official script would last have printed."""
+    """The printed table: the suite's scores in percent over every item, after `answer` (suites.answer_share, "-"
+    when the outputs are unknown); with `last_printed`, a second row with the official script's last figure."""
     metrics = suites.METRICS[suite]
     head = f"{'suite':<11}{'file':<28}{'n':>6}{'answer':>8}" + "".join(f"{m:>10}" for m in metrics)
     answer = f"{scores['answer']:>8.3f}" if scores.get("answer") is not None else f"{'-':>8}"
@@ -315,12 +275,28 @@ def suite_table(suite: str, file: str, scores: dict, last_printed: dict | None =
     official = f"{'':<11}{'official, last printed':<28}{m:>6}{'':>8}" + "".join(
         f"{last_printed['scores'][name]:>10.2f}" for name in metrics)
     every = suites.OFFICIAL_PRINT_EVERY
-    note = f"(the official script prints every {every} items the score so far"
-    if m == scores["n"]:
-        note += f"; {m} is a multiple of {every}, so its last figure covers every item too)"
-    else:
-        note += f": its last figure covers the first {m} of {scores['n']} items; the first row covers every item)"
-    return f"{head}\n{row}\n{official}\n{note}"
+    note = (f"; {m} is a multiple of {every}, so its last figure covers every item too)" if m == scores["n"] else
+            f": its last figure covers the first {m} of {scores['n']} items; the first row covers every item)")
+    return f"{head}\n{row}\n{official}\n(the official script prints every {every} items the score so far{note}"
+
+
+def _answer_suite(cfg, suite: str, items: list[suites.Item], eval_file: str, model: str, sample: bool,
+                  indent_system_prompt: bool) -> tuple[list[dict[str, str]], dict]:
+    """Every item answered by `model`, extracted; and the report's description of how."""
+    tokenizer, style = _tokenizer_and_style(cfg, model, indent_system_prompt)
+    # No limit: every item is scored, so the engine is sized for the longest prompt instead.
+    rows, report = data.prepare_prompts(tokenizer, [{"problem": item.problem} for item in items], 10**9, **style)
+    print(f"{suite}: {eval_file}: {len(items)} items; prompt tokens min {report.min_tokens}, "
+          f"mean {report.mean_tokens:.1f}, max {report.max_tokens}")
+    settings = sampling_settings(model, sample)
+    # suite_max_tokens (the official evaluation's 1024 by default), not max_completion_tokens: a policy that
+    # reasons at length must not lose its <answer> span to our cut.
+    outputs = generate(cfg, model, [r["prompt_ids"] for r in rows], settings,
+                       report.max_tokens + cfg.suite_max_tokens, cfg.suite_max_tokens)
+    source = {"model": model, "sampling": settings, "max_new_tokens": cfg.suite_max_tokens, "seed": cfg.seed,
+              "dtype": str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch."),
+              "system_prompt_indented": indent_system_prompt}
+    return [_extracted(output) for output in outputs], source
 
 
 def run_suite(cfg, suite: str, *, eval_file: str | None, model: str | None, predictions: str | None,
@@ -335,41 +311,20 @@ def run_suite(cfg, suite: str, *, eval_file: str | None, model: str | None, pred
         name = f"{Path(predictions).stem}-{suite}"
     else:
         model = model or cfg.model
-        tokenizer, style = _tokenizer_and_style(cfg, model, indent_system_prompt)
-        # No limit: every item is scored, so the engine is sized for the longest prompt instead.
-        rows, report = data.prepare_prompts(tokenizer, [{"problem": item.problem} for item in items], 10**9, **style)
-        print(f"{suite}: {eval_file}: {len(items)} items; prompt tokens min {report.min_tokens}, "
-              f"mean {report.mean_tokens:.1f}, max {report.max_tokens}")
-        settings = sampling_settings(model, sample)
-        # Up to suite_max_tokens new tokens, the official evaluation's 1024 by default, not the training's
-        # max_completion_tokens: a policy that reasons at length must not lose its <answer> span to our cut.
-        outputs = generate(cfg, model, [r["prompt_ids"] for r in rows], settings,
-                           report.max_tokens + cfg.suite_max_tokens, cfg.suite_max_tokens)
-        found = []
-        for output in outputs:
-            sections = suites.extract(output)
-            found.append({"output": output, "think": sections["think"], "long_answer": sections["long_answer"],
-                          "pred": sections["answer"]})
-        source = {"model": model, "sampling": settings, "max_new_tokens": cfg.suite_max_tokens, "seed": cfg.seed,
-                  "dtype": str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch."),
-                  "system_prompt_indented": indent_system_prompt}
+        found, source = _answer_suite(cfg, suite, items, eval_file, model, sample, indent_system_prompt)
         name = f"{_run_name(model)}-{suite}-{Path(eval_file).stem}"
-    scores = suites.score(suite, items, [f["pred"] for f in found])
+    preds = [f["pred"] for f in found]
+    scores = suites.score(suite, items, preds)
     outputs = [f.get("output") for f in found]
     # Not an official score: whether the format held (an official result file has no outputs, only `pred`).
     scores["answer"] = suites.answer_share(outputs) if all(isinstance(o, str) for o in outputs) else None
-    last_printed = suites.official_last_printed(suite, items, [f["pred"] for f in found])
+    last_printed = suites.official_last_printed(suite, items, preds)
 
     print("\n" + suite_table(suite, eval_file, scores, last_printed))
-    out = Path(cfg.output_dir) / "eval"
-    out.mkdir(parents=True, exist_ok=True)
     report = {"suite": suite, "eval_file": str(eval_file), **source, "scores": scores}
     if last_printed is not None:
         report["official_last_printed"] = last_printed
-    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
-    with open(out / f"{name}.predictions.jsonl", "w") as f:
-        for item, pred in zip(items, found):
-            f.write(json.dumps({"index": item.index, "id": item.id, "question": item.question, **pred,
-                                "golds": list(item.golds), **suites.item_hits(suite, item, pred["pred"])}) + "\n")
-    print(f"written to {out / (name + '.json')}")
+    _write(cfg, name, report, ({"index": item.index, "id": item.id, "question": item.question, **pred,
+                                "golds": list(item.golds), **suites.item_hits(suite, item, pred["pred"])}
+                               for item, pred in zip(items, found)))
     return scores

@@ -1,10 +1,7 @@
-"""Evaluation sets in shapes other than the training rows', and the `check` command for any data file.
+"""Evaluation files as training rows `{problem, solution, ...}`, and the `check` command for any data file.
 
-`load_confiqa` maps a ConFiQA-style JSON list onto the training rows' shape, `{problem, solution, ...}`, so the
-synthetic evaluation (evaluate.py without `--suite`) can score it like any other set; `load_eval_rows` reads an
-evaluation file: such a list, or anything `data.load_dataset` reads. The paper's benchmarks read and scored by
-their official rules are suites.py's.
-
+`load_eval_rows` reads what evaluate.py scores without `--suite`: a ConFiQA-style JSON list (`load_confiqa`) or
+anything `data.load_dataset` reads. (The paper's benchmarks, read by their official rules, are suites.py's.)
 Run (every row checked; with a tokenizer, the prompts' lengths against `--max-prompt-tokens`, default 256):
     python -m evaluation.loaders check data/synth/train.jsonl [--tokenizer models/SmolLM2-135M-Instruct]
 """
@@ -21,10 +18,8 @@ from typing import Any
 import data
 from data import DataError
 
-# ConFiQA-style files are one JSON list of objects, each with a question, a context and an answer. Which context
-# and answer fields are used is the "variant": the counterfactual pair (the ConFiQA task), the original pair,
-# or plain names. With variant=None the first variant whose two fields are in the first object is used, and then
-# every object must have them.
+# The (context, answer) fields of each variant of a ConFiQA-style object; variant=None takes the first variant
+# whose two fields the first object has, and then every object must have them.
 CONFIQA_VARIANTS: dict[str, tuple[str, str]] = {
     "counterfactual": ("cf_context", "cf_answer"),
     "original": ("orig_context", "orig_answer"),
@@ -34,13 +29,9 @@ CONFIQA_QUESTION = "question"
 
 
 def load_confiqa(path: str | Path, variant: str | None = None) -> list[dict]:
-    """Load a JSON list of ConFiQA-style objects as {problem, solution, ...} records.
-
-    problem = "<context>{context}</context>\\n\\n{question}", solution = "<answer>{answer}</answer>", with the
-    context/answer fields given by `variant` (see CONFIQA_VARIANTS). The question, context and answer fields are
-    consumed; every other field (e.g. the other variant's answer, alias lists) is kept. Errors name the item
-    index (0-based).
-    """
+    """A JSON list of ConFiQA-style objects as records problem = "<context>{context}</context>\\n\\n{question}",
+    solution = "<answer>{answer}</answer>" (fields per `variant`, CONFIQA_VARIANTS), every other field kept.
+    DataError names every bad item by its 0-based index."""
     if variant is not None and variant not in CONFIQA_VARIANTS:
         raise ValueError(f"unknown ConFiQA variant {variant!r}; choose from {sorted(CONFIQA_VARIANTS)}")
     path = Path(path)
@@ -57,36 +48,37 @@ def load_confiqa(path: str | Path, variant: str | None = None) -> list[dict]:
     records: list[dict] = []
     errors: list[str] = []
     for index, item in enumerate(items):
-        where = f"{path}: item {index}"
-        if not isinstance(item, dict):
-            errors.append(f"{where}: expected a JSON object, got {type(item).__name__}")
-            continue
-        bad = [f for f in (CONFIQA_QUESTION, context_field, answer_field) if not isinstance(item.get(f), str)]
-        if bad:
-            errors.append(f"{where}: field(s) {', '.join(repr(f) for f in bad)} missing or not a string")
-            continue
-        context = item[context_field]
-        if "<context>" in context or "</context>" in context:
-            # A tag inside the context would end the block early and cut the passage.
-            errors.append(f"{where}: '{context_field}' contains a <context> tag")
-            continue
-        taken = {f for f in data.REQUIRED_FIELDS if f in item}
-        if taken:
-            errors.append(f"{where}: already has field(s) {sorted(taken)}, which the mapping would overwrite")
-            continue
-        problem = f"<context>{context}</context>\n\n{item[CONFIQA_QUESTION]}"
-        reason = data.problem_reason(problem)
-        if reason is not None:
-            errors.append(f"{where}: {reason} (from '{context_field}')")
-            continue
-        rest = {k: v for k, v in item.items() if k not in (CONFIQA_QUESTION, context_field, answer_field)}
-        records.append({"problem": problem, "solution": f"<answer>{item[answer_field]}</answer>", **rest})
+        record = _confiqa_record(item, context_field, answer_field)
+        if isinstance(record, str):
+            errors.append(f"{path}: item {index}: {record}")
+        else:
+            records.append(record)
     data.raise_collected(path, errors, "item(s)")
     return records
 
 
+def _confiqa_record(item: Any, context_field: str, answer_field: str) -> dict | str:
+    """The record of one ConFiQA-style object, or why it cannot be one."""
+    if not isinstance(item, dict):
+        return f"expected a JSON object, got {type(item).__name__}"
+    bad = [f for f in (CONFIQA_QUESTION, context_field, answer_field) if not isinstance(item.get(f), str)]
+    if bad:
+        return f"field(s) {', '.join(repr(f) for f in bad)} missing or not a string"
+    context = item[context_field]
+    if "<context>" in context or "</context>" in context:  # it would end the block early and cut the passage
+        return f"'{context_field}' contains a <context> tag"
+    taken = {f for f in data.REQUIRED_FIELDS if f in item}
+    if taken:
+        return f"already has field(s) {sorted(taken)}, which the mapping would overwrite"
+    problem = f"<context>{context}</context>\n\n{item[CONFIQA_QUESTION]}"
+    reason = data.problem_reason(problem)
+    if reason is not None:
+        return f"{reason} (from '{context_field}')"
+    rest = {k: v for k, v in item.items() if k not in (CONFIQA_QUESTION, context_field, answer_field)}
+    return {"problem": problem, "solution": f"<answer>{item[answer_field]}</answer>", **rest}
+
+
 def _holds_records(path: Path) -> bool:
-    """Whether a `.json` file is a list of training records (its first item has `problem` and `solution`)."""
     try:
         items = data.read_json_list(path)
     except DataError:
@@ -95,17 +87,12 @@ def _holds_records(path: Path) -> bool:
 
 
 def load_eval_rows(path: str | Path, confiqa_variant: str | None = None) -> list[dict]:
-    """Evaluation rows ({problem, solution, ...}): a `.json` file that is not a list of training records is read
-    as a ConFiQA-style list (`load_confiqa`); every other file as training data is (`data.load_dataset`)."""
+    """Evaluation rows: a `.json` file that is not a list of training records as a ConFiQA-style list
+    (`load_confiqa`), any other file as training data is (`data.load_dataset`)."""
     path = Path(path)
     if path.suffix.lower() == ".json" and not _holds_records(path):
         return load_confiqa(path, confiqa_variant)
     return data.load_dataset(path)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------------------------
 
 
 def _load_tokenizer(name: str) -> Any:

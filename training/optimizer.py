@@ -1,6 +1,5 @@
-"""How the policy is optimised: the DeepSpeed config (ZeRO stage, AdamW, clipping, precision), built from ours so
-that there is no separate JSON to keep in step, and the learning-rate schedule (linear warm-up, then cosine or
-constant), the paper's (CANOE, arXiv 2505.16483: lr 1e-6, cosine, 10 % warm-up).
+"""How the policy is optimised: the DeepSpeed config (ZeRO stage, AdamW, clipping, precision), built from ours, and
+the learning-rate schedule (linear warm-up, then cosine or constant; the paper's is lr 1e-6, cosine, 10 % warm-up).
 """
 
 from __future__ import annotations
@@ -13,19 +12,14 @@ from config import Config
 
 
 def torch_adam_params() -> dict:
-    """The optimizer parameters that make DeepSpeed build torch's fused AdamW instead of its own FusedAdam.
-
-    With `torch_adam` DeepSpeed builds `torch.optim.AdamW` (with `fused`); otherwise, without CPU offload, its
-    FusedAdam, whose CUDA kernel is compiled at first use and needs nvcc and the CUDA headers, which runtime-only
-    images lack. torch's fused AdamW ships compiled for CUDA and the CPU, where it makes one pass over the flat
-    ZeRO partition instead of a dozen. With `offload_optimizer` the optimizer is DeepSpeed's CPU Adam, which these
-    keys would bypass, so they are left out (docs/library-notes.md, "Adam").
-    """
+    """The optimizer parameters that make DeepSpeed build torch's fused AdamW (shipped compiled for CUDA and the
+    CPU) instead of its FusedAdam, whose kernel needs nvcc at first use. Not for `offload_optimizer`, whose CPU Adam
+    they would bypass (docs/library-notes.md, "Adam")."""
     return {"torch_adam": True, "fused": True}
 
 
 def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dict:
-    """The DeepSpeed config, built from ours (no separate JSON to keep in step)."""
+    """The DeepSpeed config of the policy (`train`) or of the frozen reference model, built from ours."""
     micro = cfg.sequences_per_micro_batch
     ds = {
         "train_micro_batch_size_per_gpu": micro,
@@ -53,10 +47,8 @@ def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dic
 
 
 def lr_lambda(cfg: Config, total_steps: int):
-    """Linear warm-up over warmup_ratio of the optimizer steps, then cosine to 0 (or constant).
-
-    `total_steps` counts optimizer steps: training steps × num_iterations (each rollout is trained μ times).
-    """
+    """The LR factor per optimizer step: linear warm-up over warmup_ratio of `total_steps` (training steps ×
+    num_iterations), then cosine to 0 (or constant)."""
     warmup = int(cfg.warmup_ratio * total_steps)
 
     def factor(step: int) -> float:

@@ -1,26 +1,13 @@
 """Prompt-shared packing: each prompt goes through the model once, however many completions it has.
 
-A GRPO group is one prompt with G sampled completions. The plain way to score them pads G copies of
-`prompt + completion` into a `(G, P + C)` batch, so the prompt — usually most of each row — is computed G times
-and every completion is padded to the longest. Here a micro-batch becomes a single row instead:
-
-    prompt₁ c₁₁ c₁₂ … c₁G  prompt₂ c₂₁ … c₂G …          (1, L) with L = Σ prompt lengths + Σ completion lengths
-
-with a `(1, 1, L, L)` attention mask that lets every completion see its own prompt and its own earlier tokens,
-nothing else, and position ids that restart after the prompt for each completion (each one sits at positions
-P … P+|c|-1 exactly as in its own sequence). Every completion token therefore gets the same hidden state as in the
-padded layout — the same function of the same inputs, only the prompt's work is shared — and the gradient to the
-prompt positions is the sum over the G completions, exactly what G copies would have accumulated. No padding
-token is ever computed.
-
-A group shaped like the step benchmark's (a 210-token prompt, 7 completions of 40 to 128 tokens) is 705 tokens
-instead of 2,366, and its forward and its forward + backward ran 2.6-2.7x faster on 2 CPU cores
-(`bench/bench_packing.py`, figures in bench/RESULTS.md). The cost is a dense mask: attention scores are computed
-for all L² pairs, most of them masked. That is cheap next to the linear layers while L is a few thousand tokens; a
-model configured for flash-attention cannot take a 4D mask, so only the `sdpa` and `eager` implementations are
-accepted.
-
-Differs from CANOE (docs/differences.md, D11): each prompt is scored once per micro-batch, not once per completion.
+A GRPO group is one prompt with G completions. Instead of G padded copies of `prompt + completion`, a micro-batch
+becomes one row, `prompt₁ c₁₁ … c₁G prompt₂ c₂₁ … c₂G …` of L = Σ prompt lengths + Σ completion lengths tokens,
+with a `(1, 1, L, L)` attention mask that lets every completion see only its own prompt and its own earlier tokens,
+and position ids that restart after the prompt for each completion. Every completion token thus gets the same hidden
+state as in its own sequence, and the prompt's gradient is the sum over the G completions, as G copies would have
+accumulated; no padding token is computed. The cost is a dense mask (all L² scores computed, most masked); a model
+configured for flash-attention cannot take a 4D mask, so only `sdpa` and `eager` are accepted.
+CANOE scores each prompt once per completion (docs/differences.md, D11). bench/bench_packing.py measures the gain.
 """
 
 from __future__ import annotations
@@ -35,8 +22,8 @@ import torch
 Group = tuple[Sequence[int], Sequence[Sequence[int]]]
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
-# The attention mask's rows are allocated in multiples of 8 elements (attention_mask), the alignment torch's CUDA
-# attention asks of a mask's strides (docs/library-notes.md, "The packed mask on CUDA").
+# The attention mask's rows are allocated in multiples of 8 elements, the alignment torch's CUDA attention asks of
+# a mask's strides (docs/library-notes.md, "The packed mask on CUDA").
 MASK_ALIGNMENT = 8
 
 
@@ -58,10 +45,8 @@ class Packed:
 
     @property
     def allowed(self) -> torch.Tensor:
-        """`(L, L)` bool: query token q may attend to key token k (same group, k not after q, and k in the prompt
-        or in q's own completion). Built on each call, not stored: a step keeps all its micro-batches packed
-        until it ends, and L² per micro-batch would hold gradient_accumulation_steps × L² bytes where the memory
-        plan counts one mask, the one being used (memory_plan.activation_bytes)."""
+        """`(L, L)` bool: query token q may attend to key token k. Built on each call, not stored: a step keeps all
+        its micro-batches packed, and the memory plan counts one mask, the one in use (memory_plan.activation_bytes)."""
         index = torch.arange(self.num_tokens, device=self.group.device)  # (L,)
         return (
             (self.group[:, None] == self.group[None, :])
@@ -75,12 +60,11 @@ class Packed:
 
 
 def pack(groups: Sequence[Group], device: torch.device | str = "cpu") -> Packed:
-    """Pack groups (prompt, completions) into one row; completions keep their order across groups.
+    """Pack groups (prompt, completions) into one row, completions in order; ValueError on an empty prompt.
 
-    Each token carries a group index and a part: 0 for the prompt, i + 1 for the group's i-th completion. Token q
-    may attend to key k when both are in the same group, k is not after q, and k is in the prompt or in q's own
-    completion. The first token of each completion is predicted by the prompt's last position; every later token
-    by the position before it.
+    Token q may attend to key k when both are in the same group, k is not after q, and k is in the prompt or in
+    q's own completion. A completion's first token is predicted by the prompt's last position, every later token by
+    the position before it.
     """
     ids: list[int] = []
     positions: list[int] = []
@@ -124,8 +108,7 @@ def pack(groups: Sequence[Group], device: torch.device | str = "cpu") -> Packed:
 def pack_micro_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
                      device: torch.device | str = "cpu") -> Packed:
     """Pack completions given with the prompt of each (`prompts[i]` belongs to `completions[i]`): consecutive
-    completions of an equal prompt share it, so a GRPO micro-batch (G completions per prompt, in order) becomes
-    one group per prompt."""
+    completions of an equal prompt share it, so a GRPO micro-batch becomes one group per prompt."""
     groups: list[tuple[Sequence[int], list[Sequence[int]]]] = []
     for prompt, completion in zip(prompts, completions, strict=True):
         if groups and list(groups[-1][0]) == list(prompt):
@@ -136,10 +119,9 @@ def pack_micro_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Seq
 
 
 def attention_mask(model, allowed: torch.Tensor) -> torch.Tensor:
-    """The additive `(1, 1, L, L)` mask for `allowed`, in the model's dtype (0 where allowed, the dtype's minimum
-    elsewhere): the form both the `sdpa` and the `eager` attention of transformers add to the scores."""
-    # A DeepSpeed engine wraps the model, and its own `.config` is DeepSpeed's config dict, which has no attention
-    # setting: read the wrapped model's.
+    """The additive `(1, 1, L, L)` mask for `allowed` in the model's dtype (0 where allowed, the dtype's minimum
+    elsewhere), as transformers' `sdpa` and `eager` attention add it; ValueError for other attention."""
+    # A DeepSpeed engine's own `.config` is DeepSpeed's config dict: read the wrapped model's.
     config = getattr(getattr(model, "module", model), "config", None)
     implementation = getattr(config, "_attn_implementation", "sdpa")
     if implementation not in SUPPORTED_ATTENTION:

@@ -1,8 +1,7 @@
-"""Draw a run's metrics.jsonl as one PNG: rewards, KL, completion length and exact match over steps. Given several
-runs, draw them in the same panels, against wall-clock minutes, to compare them at equal time.
+"""Draw a run's metrics.jsonl as one PNG: rewards, KL, completion length, exact match and step time, over steps.
+Several runs share the panels, one line style each, against wall-clock minutes, to compare them at equal time.
 
     python -m training.plot runs/default                 # writes runs/default/metrics.png
-    python -m training.plot runs/default --out curve.png
     python -m training.plot runs/default runs/variant --out compare.png
 """
 
@@ -29,9 +28,9 @@ PANELS = (
 
 
 def smooth(values: list[float], window: int) -> list[float]:
-    """Trailing moving average (the raw points are drawn too)."""
-    return [sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1])
-            for i in range(len(values))]
+    """Trailing moving average over `window` points."""
+    chunks = [values[max(0, i - window + 1) : i + 1] for i in range(len(values))]
+    return [sum(chunk) / len(chunk) for chunk in chunks]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -45,12 +44,11 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def plot(run_dirs: Path | list[Path], out: Path) -> Path:
-    """One run: every panel over steps. Several runs: each run one line style, over minutes of training."""
+    """Draw one run (a Path: over steps) or several (a list: over minutes) into `out`; returns `out`."""
     runs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    styles = itertools.cycle(["-", "--", ":", "-."])
     windows = []
-    for run_dir, style in zip(runs, styles):
+    for run_dir, style in zip(runs, itertools.cycle(["-", "--", ":", "-."])):
         rows = read_metrics(run_dir)
         window = max(1, len(rows) // 10)
         windows.append(window)
@@ -59,9 +57,7 @@ def plot(run_dirs: Path | list[Path], out: Path) -> Path:
         else:
             x = list(itertools.accumulate(row["time/step"] / 60 for row in rows))
         for ax, (title, keys) in zip(axes.flat, PANELS):
-            for key in keys:
-                if key not in rows[0]:
-                    continue
+            for key in (key for key in keys if key in rows[0]):
                 values = [row[key] for row in rows]
                 label = key.split("/")[-1] if len(runs) == 1 else f"{run_dir.name}: {key.split('/')[-1]}"
                 line, = ax.plot(x, values, alpha=0.2, linestyle=style)

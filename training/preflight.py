@@ -1,11 +1,5 @@
-"""Set-up checks: what canoe.train verifies before it spends minutes loading models, so that a run that cannot
-work stops at once with a message that says why and what to do.
-
-- `check_paths`: the model folder and the data file exist (with the `make` target that makes them).
-- `check_reward_fields`: no dataset field is named like a keyword the rewards receive from the trainer.
-- `check_fits`: the policy, its gradients and optimizer state, the reference model and vLLM fit in memory (on a
-  GPU: memory_plan.py's plan; on the CPU: a count of the same parts against the host's available memory).
-- `check_engine_can_start`: vLLM's start-up condition on CUDA, said in our words before vLLM says it in its own.
+"""Set-up checks canoe.train runs before it spends minutes loading models: a run that cannot work stops at once,
+saying why and what to do (paths, reward field names, memory, vLLM's start-up condition).
 """
 
 from __future__ import annotations
@@ -17,13 +11,12 @@ import psutil
 import torch
 
 import data
-from plumbing import memory_plan
-from plumbing import runtime
-from plumbing import weight_sync
+from plumbing import memory_plan, runtime, weight_sync
 from config import Config
 
 
 def check_paths(cfg: Config, *, train: bool) -> None:
+    """The model folder and the data file exist (else SystemExit, with the `make` target that makes them)."""
     model = Path(cfg.model)
     if not (model / "config.json").exists():
         hint = " (run `make setup`, which makes models/)" if "models/" in cfg.model else ""
@@ -48,13 +41,9 @@ def check_reward_fields(rows: list[dict], path: str) -> None:
 
 
 def host_bytes_needed(cfg: Config, num_parameters: int, trainable: int, dtype, world_size: int) -> float:
-    """Host memory one rank needs before activations, on the CPU.
-
-    Weights in the training dtype; a gradient per trainable parameter; float32 master weights and two Adam
-    moments per trainable parameter (12 bytes, sharded over the ranks by ZeRO); a reference copy of the weights
-    when β > 0 and the policy is not LoRA (with LoRA the reference is the policy with its adapters disabled);
-    vLLM's own copy of the weights and its KV cache. With LoRA, `trainable` is the adapters' size.
-    """
+    """Host bytes one rank needs on the CPU before activations: weights in the training dtype for the policy, vLLM
+    and (β > 0 without LoRA) the reference; a gradient per trainable parameter; float32 master weights and two Adam
+    moments (12 bytes per trainable parameter, sharded by ZeRO); vLLM's KV cache."""
     width = torch.finfo(dtype).bits // 8
     copies = 2 + (1 if cfg.beta and not cfg.lora_rank else 0)  # policy, vLLM, reference
     return (num_parameters * width * copies + trainable * width + 12 * trainable / world_size
@@ -62,12 +51,8 @@ def host_bytes_needed(cfg: Config, num_parameters: int, trainable: int, dtype, w
 
 
 def check_fits(cfg: Config, num_parameters: int, dtype, trainable: int | None = None) -> None:
-    """Fail early, with numbers, when the policy cannot be trained in this machine's memory.
-
-    On a GPU: the memory plan of memory_plan.py (policy, gradients, optimizer state, reference model, activations
-    and vLLM's share, per GPU); its table says what does not fit. On the CPU: `host_bytes_needed` against the
-    available host memory shared by the ranks of this node. Activations come on top.
-    """
+    """SystemExit, with numbers, when the policy cannot be trained in this machine's memory: on a GPU by
+    memory_plan.py's plan, on the CPU by `host_bytes_needed` against the node's available memory per rank."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if torch.cuda.is_available():
         plan = memory_plan.plan_memory(cfg, memory_plan.architecture(cfg.model), world_size=world,
@@ -90,9 +75,8 @@ def check_fits(cfg: Config, num_parameters: int, dtype, trainable: int | None = 
 
 
 def check_engine_can_start(cfg: Config) -> None:
-    """vLLM refuses to start unless the GPU's free memory is at least total × gpu_memory_utilization
-    (docs/library-notes.md, "Start-up memory"). The engine is created after the trainer has allocated, so say in
-    our words, before vLLM does, what the trainer left and where the share comes from."""
+    """SystemExit unless the GPU's free memory is at least total × gpu_memory_utilization, vLLM's start-up
+    condition (docs/library-notes.md, "Start-up memory"), said in our words before vLLM says it in its own."""
     torch.cuda.empty_cache()  # blocks the trainer freed while loading count as used until released
     free, total = torch.cuda.mem_get_info()
     if free < cfg.vllm_gpu_memory_utilization * total:

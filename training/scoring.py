@@ -3,8 +3,6 @@ that the counts cover every draw of the step, and `reward_metrics` of the batch 
 
 from __future__ import annotations
 
-import torch
-
 import data
 from grpo_loss import zero_variance_groups
 from rewards import REWARD_ISSUES
@@ -16,12 +14,9 @@ def reward_counts(run) -> tuple[int, int, int]:
 
 
 def reward_metrics(run, batch, counts_before: tuple[int, int, int]) -> dict[str, float]:
-    """The logged means of the trained batch's rewards (`batch`: rollout.Rollout), and the counts since
-    `counts_before`.
-
-    `signal/<name>` is the share of groups in which that reward is not the same for all G samples: GRPO learns
-    nothing about a reward from a group where it does not vary.
-    """
+    """The logged means of the trained batch's rewards (`batch`: a rollout.Rollout), the counts since
+    `counts_before`, and `signal/<name>`: the share of groups in which that reward varies (GRPO learns nothing where
+    it does not)."""
     G, names = run.cfg.num_generations, list(run.cfg.rewards)
     rows, completions, per_reward = batch.rows, batch.completions, batch.scores
     means = {f"reward/{name}": float(per_reward[:, j].mean()) for j, name in enumerate(names)}
