@@ -106,7 +106,6 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     sleep = cfg.vllm_sleep and device.type == "cuda" and weight_sync.sleep_supported()
     if device.type == "cuda":
         preflight.check_engine_can_start(cfg)
-    # Differs from CANOE (docs/differences.md, D17): with LoRA, vLLM receives new merged tensors or the adapter.
     adapter = cfg.pushes_adapter(dtype, cuda=device.type == "cuda")  # vLLM applies the LoRA adapter itself
     llm = rollout.make_engine(cfg.model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                               max_model_len=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens,
@@ -223,9 +222,8 @@ def train_step(run: Run) -> Step:
 
 
 def rollout_batch(run: Run, draw: int = 0) -> rollout.Rollout:
-    """Steps 1 and 2 on this rank's next B prompts: both stages sampled, every reward scored (`draw` > 0: dynamic
-    sampling's extra draws). Differs from CANOE (docs/differences.md, D8): sampling is seeded per step, stage, rank
-    and draw."""
+    """Steps 1 and 2 on this rank's next B prompts: both stages sampled (seeded by step, stage, rank and draw),
+    every reward scored. `draw` > 0: dynamic sampling's extra draws."""
     cfg, G = run.cfg, run.cfg.num_generations
     rows = [run.rows[i] for i in run.prompt_sampler.next_batch()]  # B prompts
     sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_completion_tokens, seed=cfg.seed,
@@ -266,11 +264,8 @@ class Batch:
 
 
 def micro_batches(run: Run, batch: rollout.Rollout, advantages: torch.Tensor, kept: torch.Tensor) -> list[Batch]:
-    """Micro-batches of prompts_per_device prompts, each packed with every prompt once (training/packing.py).
-
-    Differs from CANOE (docs/differences.md, D11): each prompt is scored once per micro-batch, not once per
-    completion.
-    """
+    """Micro-batches of prompts_per_device prompts, each packed into one row with every prompt once
+    (training/packing.py)."""
     M, G = run.cfg.sequences_per_micro_batch, run.cfg.num_generations
     batches = []
     for start in range(0, len(batch.completions), M):
@@ -300,8 +295,7 @@ def loss_denominators(kept: torch.Tensor, batches: list[Batch]) -> dict[str, flo
 def fixed_logprobs(run: Run, batches: list[Batch], totals: dict | None) -> None:
     """What stays fixed while training on this rollout, for every sampled token: π_ref (the frozen reference model,
     or with LoRA the policy with its adapters disabled; none when β = 0) and π_old when μ > 1 (with μ = 1 `update`
-    takes its first pass's own values, detached). Nothing when `totals` is None. Differs from CANOE
-    (docs/differences.md, D12): the loss takes π_old as an argument."""
+    takes its first pass's own values, detached). Nothing when `totals` is None."""
     if totals is None:
         return
     with timing(run, "ref_logprobs"):

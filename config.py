@@ -71,7 +71,6 @@ class Config:
     temperature: float = _key(0.9, "sampling temperature, stage 1 and stage 2")
     top_p: float = _key(1.0, "nucleus sampling, stage 1 and stage 2")
     dual: bool = _key(True, "run stage 2 (CANOE's do_long_answer); without it influence is always 0")
-    # Differs from CANOE (docs/differences.md, D16): vLLM shares each GPU with the trainer.
     vllm_gpu_memory_utilization: float = _key(0.7, "GPU memory share vLLM may take (`--plan-memory` shows what fits)")
     vllm_cpu_kv_cache_gib: float = _key(1.0, "vLLM KV cache size on a CPU, GiB")
     vllm_sleep: bool = _key(True, "release vLLM's memory during training where the platform supports it (CUDA)")
@@ -98,10 +97,9 @@ class Config:
     lora_alpha: float = _key(32.0, "α: an adapter adds (α / r)·B·A to its layer's weight")
     lora_dropout: float = _key(0.0, "dropout on the adapters' input (0 keeps trainer and sampler log-probs equal)")
     lora_target_modules: list = _key(LORA_TARGETS, "modules (by name) that get adapters")
-    # Differs from CANOE (docs/differences.md, D17): vLLM receives new merged tensors or the adapter itself.
     lora_push: str = _key("auto", "how vLLM gets a LoRA policy: merged, adapter or auto (Config.pushes_adapter)")
     offload_optimizer: bool = _key(False, "keep optimizer state in CPU memory (DeepSpeed CPU Adam)")
-    # --- loss (grpo_loss.py); the options beside CANOE's, all off by default: docs/differences.md, D15
+    # --- loss (grpo_loss.py); the options beside CANOE's, all off by default (variants.py)
     beta: float = _key(0.04, "β, weight of the k3 KL to the frozen reference model (0 = no reference model)")
     clip_eps_low: float = _key(0.2, "ε_low: the ratio is clipped below at 1 − ε_low")
     clip_eps_high: float = _key(0.2, "ε_high: the ratio is clipped above at 1 + ε_high")

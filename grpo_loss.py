@@ -15,9 +15,9 @@ Sec. 4.1, eq. 3-4), with the constants of the CANOE original (TRL's GRPOTrainer 
 where o_i is the set of trained positions of sequence i (its `mask`); k3 is Schulman's unbiased, non-negative
 estimator of KL(π_θ ‖ π_ref) from samples of π_θ. `grpo_loss` is this loss; each option is a piece it is handed in
 place of CANOE's (`seq_mean_token_mean`, `token_log_ratio`, `unit_weight`), the others registered in variants.py
-with their papers (D15). With μ = 1 the driver passes π_θ detached as π_old, so ρ ≡ 1 and the clip never acts.
+with their papers. With μ = 1 the driver passes π_θ detached as π_old, so ρ ≡ 1 and the clip never acts.
 
-Micro-batches (D14): called once per micro-batch with `total_sequences` and `total_tokens` of the whole batch, the
+Micro-batches: called once per micro-batch with `total_sequences` and `total_tokens` of the whole batch, the
 SUM of the returned losses and of their gradients equals the loss of the whole batch in one call; the caller undoes
 anything that rescales it on the way (DeepSpeed's division by the accumulation steps). The metrics are sums, counts
 and extremes, so micro-batches and ranks combine exactly (`merge_metrics`, then `summarize_metrics`).
@@ -101,7 +101,7 @@ def seq_mean_token_mean(per_token: Tensor, mask: Tensor, sequences: float, token
                         max_tokens: int | None) -> Tensor:
     """CANOE's aggregation (DeepSeekMath eq. 3): each sequence's mean over its trained tokens, then the mean over
     the batch's `sequences` (the shared signature: variants.py)."""
-    # Differs from CANOE (docs/differences.md, D13): an empty completion adds 0, not 0/0 = NaN.
+    # An empty completion adds 0, not 0/0 = NaN (D13, with the explicit mask).
     per_sequence = per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (N,)
     return per_sequence.sum() / sequences
 

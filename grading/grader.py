@@ -212,7 +212,7 @@ def _math_verify_whole(span: str) -> list:
 
 def canoe_math_equal(gold: str, pred: str) -> bool:
     """Worker job: math-verify equivalence of two prepared spans that passed `needs_math_verify`."""
-    # Gold first, `verify(gold, pred)`: the order math-verify's asymmetric rules expect (rewards.accuracy_reward, D1).
+    # Gold first, `verify(gold, pred)`: the order math-verify's asymmetric rules expect (rewards.accuracy_reward).
     gold_parsed, pred_parsed = _math_verify_whole(gold), _math_verify_whole(pred)
     return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
