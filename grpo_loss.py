@@ -13,7 +13,7 @@ Sec. 4.1, eq. 3-4), with the constants of the CANOE original (TRL's GRPOTrainer 
     loss        L = (1/N) Σ_i (1/|o_i|) Σ_{t ∈ o_i} ℓ_{i,t}          "seq-mean-token-mean" (DeepSeekMath eq. 3)
 
 where o_i is the set of trained positions of sequence i (its `mask`); k3 is Schulman's unbiased, non-negative
-estimator of KL(π_θ ‖ π_ref) from samples of π_θ. `grpo_loss` is this loss; each option is a piece it is handed in
+estimator of KL(π_θ ‖ π_ref) from samples of π_θ. `grpo_loss` is this loss; each option is a piece handed to it in
 place of CANOE's (`seq_mean_token_mean`, `token_log_ratio`, `unit_weight`), the others registered in variants.py
 with their papers. With μ = 1 the driver passes π_θ detached as π_old, so ρ ≡ 1 and the clip never acts.
 

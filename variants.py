@@ -217,7 +217,7 @@ class Variants:
     trains on, the loss's options, the passes per rollout and the rollout itself."""
 
     reward_weights: Tensor  # (R,) the weight of each configured reward, in the order of cfg.rewards (score's columns)
-    advantages: Callable[[Tensor, Tensor], Tensor]  # (rewards (N,), scores (N, R)) -> (N,): the rule, its settings bound
+    advantages: Callable[[Tensor, Tensor], Tensor]  # (rewards (N,), scores (N, R)) -> (N,): the rule, settings bound
     kept: Callable[[Tensor, list], Tensor]  # (advantages (N,), N completions) -> (N,) bool: kept_sequences, bound
     group_size: int  # G
     num_iterations: int  # μ

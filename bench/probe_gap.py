@@ -48,7 +48,8 @@ def main(model_dir: str, dtype: str, prompts: int = 50) -> None:
     for prompt, completion in probes:
         vllm = weight_sync.vllm_token_logprobs(llm, prompt, completion)
         with torch.no_grad():
-            trainer = grpo_loss.completion_logprobs(model, packing.pack([(prompt, [completion])], torch.device("cpu")))[0]
+            packed = packing.pack([(prompt, [completion])], torch.device("cpu"))
+            trainer = grpo_loss.completion_logprobs(model, packed)[0]
         gap = (vllm - trainer.float()).abs()
         worst.append(float(gap.max()))
         trimmed.append(weight_sync.check_sync(vllm, trainer, float("inf"))["sync/push_trimmed_abs_diff"])
