@@ -161,12 +161,12 @@ def sampled_delta(layer: LoraLayer, index: torch.Tensor) -> torch.Tensor:
     """`exact_delta(layer)` at the flat positions `index` only, `(len(index),)` float32: no full-size product."""
     weight = layer.get_base_layer().weight
     rows, cols = index // weight.shape[1], index % weight.shape[1]
+    if layer.fan_in_fan_out:  # W is stored transposed: entry (i, j) of W is entry (j, i) of B·A
+        rows, cols = cols, rows
     delta = torch.zeros(len(index), dtype=torch.float32, device=weight.device)
     for adapter in layer.active_adapters:
         if adapter in layer.lora_A:
             a, b = layer.lora_A[adapter].weight.float(), layer.lora_B[adapter].weight.float()  # (r, in), (out, r)
-            if layer.fan_in_fan_out:
-                rows, cols = cols, rows
             delta += (b[rows] * a[:, cols].T).sum(dim=1) * layer.scaling[adapter]
     return delta
 
