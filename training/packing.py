@@ -66,13 +66,8 @@ def pack(groups: Sequence[Group], device: torch.device | str = "cpu") -> Packed:
     q's own completion. A completion's first token is predicted by the prompt's last position, every later token by
     the position before it.
     """
-    ids: list[int] = []
-    positions: list[int] = []
-    group_of: list[int] = []
-    part_of: list[int] = []
-    predictors: list[int] = []
-    targets: list[int] = []
-    lengths: list[int] = []
+    ids, positions, group_of, part_of = [], [], [], []  # per packed token
+    predictors, targets, lengths = [], [], []  # per completion token; per completion
     for g, (prompt, completions) in enumerate(groups):
         if not prompt:
             raise ValueError(f"group {g}: empty prompt (a completion needs a position to be predicted from)")
