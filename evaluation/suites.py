@@ -67,11 +67,8 @@ def extract(output: str) -> dict[str, str]:
     '<answer>Ro\\nme</answer>'
     """
     text = output.strip()
-    sections = {}
-    for name, pattern in _SECTION_RES.items():
-        match = pattern.search(text)
-        sections[name] = match.group(1).strip() if match else text
-    return sections
+    matches = {name: pattern.search(text) for name, pattern in _SECTION_RES.items()}
+    return {name: match.group(1).strip() if match else text for name, match in matches.items()}
 
 
 def has_answer_span(output: str) -> bool:

@@ -65,8 +65,7 @@ def plot(run_dirs: Path | list[Path], out: Path) -> Path:
             ax.grid(alpha=0.3)
             if len(keys) > 1 or len(runs) > 1:
                 ax.legend(fontsize=7)
-    names = ", ".join(str(run) for run in runs)
-    fig.suptitle(f"{names} (lines: moving average over {'/'.join(map(str, windows))} steps)")
+    fig.suptitle(f"{', '.join(map(str, runs))} (lines: moving average over {'/'.join(map(str, windows))} steps)")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
