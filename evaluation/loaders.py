@@ -44,8 +44,7 @@ def load_confiqa(path: str | Path, variant: str | None = None) -> list[dict]:
             options = ", ".join(f"{name}: {c}/{a}" for name, (c, a) in CONFIQA_VARIANTS.items())
             raise DataError(f"{path}: item 0 has none of the known context/answer field pairs ({options})")
     context_field, answer_field = CONFIQA_VARIANTS[variant]
-    records: list[dict] = []
-    errors: list[str] = []
+    records, errors = [], []
     for index, item in enumerate(items):
         record = _confiqa_record(item, context_field, answer_field)
         if isinstance(record, str):
