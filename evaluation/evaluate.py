@@ -158,9 +158,8 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite
          predictions: str | None = None, sample: bool = False, indent_system_prompt: bool | None = None) -> dict:
     """The `--eval` mode: the synthetic evaluation, or (with `suite`) a paper benchmark. Returns the scores."""
     if suite is not None:
-        indent = True if indent_system_prompt is None else indent_system_prompt
         return run_suite(cfg, suite, eval_file=eval_file, model=model, predictions=predictions, sample=sample,
-                         limit=limit, indent_system_prompt=indent)
+                         limit=limit, indent_system_prompt=indent_system_prompt is not False)  # None: on
     if predictions is not None:
         raise SystemExit("error: --predictions scores a benchmark's outputs: give its --suite too")
     model = model or cfg.model
