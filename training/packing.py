@@ -68,7 +68,7 @@ def pack(groups: Sequence[Group], device: torch.device | str = "cpu") -> Packed:
     the position before it.
     """
     ids, positions, group_of, part_of = [], [], [], []  # per packed token
-    predictors, targets, lengths = [], [], []  # per completion token; per completion
+    predictors, targets, lengths = [], [], []  # per completion token (the first two), per completion
     for g, (prompt, completions) in enumerate(groups):
         if not prompt:
             raise ValueError(f"group {g}: empty prompt (a completion needs a position to be predicted from)")
