@@ -42,7 +42,7 @@ HF_SAMPLING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_p": 1.0, "t
 
 
 def item_scores(rows: list[dict], outputs: list[str]) -> list[dict[str, bool]]:
-    """Each output's em, contains and format (see `score`), in the rows' order."""
+    """Each output's em, contains and format (the module docstring's), in the rows' order."""
     formats = format_reward([[{"role": "assistant", "content": text}] for text in outputs])
     items = []
     for row, text, fmt in zip(rows, outputs, formats):
@@ -53,11 +53,7 @@ def item_scores(rows: list[dict], outputs: list[str]) -> list[dict[str, bool]]:
 
 
 def score(rows: list[dict], outputs: list[str]) -> dict:
-    """n, em, contains and format_rate per task type and "overall"; `outputs` are the full texts (prefix included).
-
-    em compares the output's answer span (the first `<answer>`, else the whole output) with the gold's; contains
-    accepts the gold's words as a contiguous run anywhere in it (negation guard kept).
-    """
+    """n, em, contains and format_rate per task type and "overall"; `outputs` are the full texts (prefix included)."""
     groups: dict[str, list[dict[str, bool]]] = defaultdict(list)
     for row, item in zip(rows, item_scores(rows, outputs)):
         for group in (row.get("task", "all"), "overall"):
@@ -85,7 +81,7 @@ def sampling_settings(model: str, sample: bool) -> dict[str, Any]:
 def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, Any], max_model_len: int,
              max_tokens: int) -> list[str]:
     """One answer per prompt (at most `max_tokens` new tokens) from a vLLM engine on `model`, with the config's
-    response prefix put back in front. A LoRA checkpoint is merged first into a temporary folder beside it."""
+    response prefix put back in front."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -162,9 +158,8 @@ def main(cfg, *, model: str | None, eval_file: str | None, limit: int = 0, suite
          predictions: str | None = None, sample: bool = False, indent_system_prompt: bool | None = None) -> dict:
     """The `--eval` mode: the synthetic evaluation, or (with `suite`) a paper benchmark. Returns the scores."""
     if suite is not None:
-        indent = True if indent_system_prompt is None else indent_system_prompt
         return run_suite(cfg, suite, eval_file=eval_file, model=model, predictions=predictions, sample=sample,
-                         limit=limit, indent_system_prompt=indent)
+                         limit=limit, indent_system_prompt=indent_system_prompt is not False)  # None: on
     if predictions is not None:
         raise SystemExit("error: --predictions scores a benchmark's outputs: give its --suite too")
     model = model or cfg.model
@@ -192,9 +187,8 @@ class UnpairedPredictionsWarning(UserWarning):
 
 
 def _extracted(output: str) -> dict[str, str]:
-    sections = suites.extract(output)
-    return {"output": output, "think": sections["think"], "long_answer": sections["long_answer"],
-            "pred": sections["answer"]}
+    think, long_answer, answer = suites.extract(output).values()
+    return {"output": output, "think": think, "long_answer": long_answer, "pred": answer}
 
 
 def read_predictions(path: str | Path, items: list[suites.Item]) -> list[dict[str, str]]:
@@ -230,11 +224,8 @@ def read_predictions(path: str | Path, items: list[suites.Item]) -> list[dict[st
             raise data.DataError(f"{where}: no {field!r} string")
         if "question" in record and record["question"] != item.question:
             raise data.DataError(f"{where}: its question {record['question']!r} is not the item's {item.question!r}")
-        if official:
-            found.append({"think": record.get("think"), "long_answer": record.get("long_answer"),
-                          "pred": record["pred"]})
-        else:
-            found.append(_extracted(record["output"]))
+        found.append({"think": record.get("think"), "long_answer": record.get("long_answer"), "pred": record["pred"]}
+                     if official else _extracted(record["output"]))
     missing = sum("question" not in record for record in records)
     if missing:
         warnings.warn(f"{path}: {missing} of {len(records)} predictions have no 'question' field, so they are paired "

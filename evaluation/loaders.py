@@ -25,7 +25,6 @@ CONFIQA_VARIANTS: dict[str, tuple[str, str]] = {
     "original": ("orig_context", "orig_answer"),
     "plain": ("context", "answer"),
 }
-CONFIQA_QUESTION = "question"
 
 
 def load_confiqa(path: str | Path, variant: str | None = None) -> list[dict]:
@@ -45,8 +44,7 @@ def load_confiqa(path: str | Path, variant: str | None = None) -> list[dict]:
             options = ", ".join(f"{name}: {c}/{a}" for name, (c, a) in CONFIQA_VARIANTS.items())
             raise DataError(f"{path}: item 0 has none of the known context/answer field pairs ({options})")
     context_field, answer_field = CONFIQA_VARIANTS[variant]
-    records: list[dict] = []
-    errors: list[str] = []
+    records, errors = [], []
     for index, item in enumerate(items):
         record = _confiqa_record(item, context_field, answer_field)
         if isinstance(record, str):
@@ -61,7 +59,7 @@ def _confiqa_record(item: Any, context_field: str, answer_field: str) -> dict | 
     """The record of one ConFiQA-style object, or why it cannot be one."""
     if not isinstance(item, dict):
         return f"expected a JSON object, got {type(item).__name__}"
-    bad = [f for f in (CONFIQA_QUESTION, context_field, answer_field) if not isinstance(item.get(f), str)]
+    bad = [f for f in ("question", context_field, answer_field) if not isinstance(item.get(f), str)]
     if bad:
         return f"field(s) {', '.join(repr(f) for f in bad)} missing or not a string"
     context = item[context_field]
@@ -70,11 +68,11 @@ def _confiqa_record(item: Any, context_field: str, answer_field: str) -> dict | 
     taken = {f for f in data.REQUIRED_FIELDS if f in item}
     if taken:
         return f"already has field(s) {sorted(taken)}, which the mapping would overwrite"
-    problem = f"<context>{context}</context>\n\n{item[CONFIQA_QUESTION]}"
+    problem = f"<context>{context}</context>\n\n{item['question']}"
     reason = data.problem_reason(problem)
     if reason is not None:
         return f"{reason} (from '{context_field}')"
-    rest = {k: v for k, v in item.items() if k not in (CONFIQA_QUESTION, context_field, answer_field)}
+    rest = {k: v for k, v in item.items() if k not in ("question", context_field, answer_field)}
     return {"problem": problem, "solution": f"<answer>{item[answer_field]}</answer>", **rest}
 
 

@@ -41,8 +41,6 @@ PROMPT_B = (
     "<context> {} </context>\n\nPlease select the correct option according to the question, and just output the "
     "option letter (e.g. A/B/C/D) Question: {}\n"
 )
-OPTIONS_HEADER = "Options: \n"
-OPTIONS_SEPARATOR = "\n "  # the official scripts join the "{label}: {text}" lines with a newline and a space
 
 
 def indent_system_prompt(system_prompt: str) -> str:
@@ -52,8 +50,8 @@ def indent_system_prompt(system_prompt: str) -> str:
 
 def faitheval_prompt(context: str, question: str, labels: Sequence[str], texts: Sequence[str]) -> str:
     """Prompt B, then "Options: \\n", then the options as "{label}: {text}" joined by a newline and a space."""
-    options = OPTIONS_SEPARATOR.join(f"{label}: {text}" for label, text in zip(labels, texts))
-    return PROMPT_B.format(context, question) + OPTIONS_HEADER + options
+    options = "\n ".join(f"{label}: {text}" for label, text in zip(labels, texts))
+    return PROMPT_B.format(context, question) + "Options: \n" + options
 
 
 # Without DOTALL, as in the official scripts: a section with a newline inside does not match, and the fallback
@@ -69,11 +67,8 @@ def extract(output: str) -> dict[str, str]:
     '<answer>Ro\\nme</answer>'
     """
     text = output.strip()
-    sections = {}
-    for name, pattern in _SECTION_RES.items():
-        match = pattern.search(text)
-        sections[name] = match.group(1).strip() if match else text
-    return sections
+    matches = {name: pattern.search(text) for name, pattern in _SECTION_RES.items()}
+    return {name: match.group(1).strip() if match else text for name, match in matches.items()}
 
 
 def has_answer_span(output: str) -> bool:
@@ -174,10 +169,10 @@ class Item:
     texts: tuple[str, ...] = ()
 
 
-def _field(record: dict, name: str, kind: type | tuple[type, ...], where: str) -> Any:
+def _field(record: dict, name: str, kind: type, where: str) -> Any:
     value = record.get(name)
     if not isinstance(value, kind):
-        raise DataError(f"{where}: field {name!r} missing or not a {getattr(kind, '__name__', 'list')}")
+        raise DataError(f"{where}: field {name!r} missing or not a {kind.__name__}")
     return value
 
 
@@ -297,18 +292,14 @@ def score(suite: str, items: Sequence[Item], predictions: Sequence[str]) -> dict
     return {"n": len(items), **{name: scores[name] for name in METRICS[suite]}}
 
 
-# The suites whose official scripts print the running score every OFFICIAL_PRINT_EVERY items, and only then.
 RUNNING_PRINT_SUITES = ("confiqa", "fiqa", "faitheval")
 OFFICIAL_PRINT_EVERY = 100
 
 
 def official_last_printed(suite: str, items: Sequence[Item], predictions: Sequence[str]) -> dict | None:
-    """{"items": m, "scores": the scores over the first m items}: the figure the official script would last have
-    printed, to compare with a paper's table; None for CNQ, FollowRAG and files of at most 100 items.
-
-    The official ConFiQA, FiQA and FaithEval scripts print the running score after every 100th item, so their last
-    figure covers the first m = floor(n / 100) * 100 items, while `score` covers all n.
-    """
+    """{"items": m, "scores": the scores over the first m = n // 100 * 100 items}: the figure the official ConFiQA,
+    FiQA and FaithEval scripts (RUNNING_PRINT_SUITES) last print, since they print the running score after every
+    100th item and only then; to compare with a paper's table. None for other suites and files of <= 100 items."""
     if suite not in RUNNING_PRINT_SUITES or len(items) <= OFFICIAL_PRINT_EVERY:
         return None
     m = len(items) // OFFICIAL_PRINT_EVERY * OFFICIAL_PRINT_EVERY

