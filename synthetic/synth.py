@@ -423,9 +423,7 @@ def to_confiqa(rows: Iterable[dict]) -> list[dict]:
     question bare; `orig_context` is the context with the change undone (the changed value is never in the passage
     before the change, `_change`). Other task types have no competing original answer and are left out."""
     records = []
-    for row in rows:
-        if row.get("task") != "counterfactual":
-            continue
+    for row in [r for r in rows if r.get("task") == "counterfactual"]:
         subject, relation = row["entities"][0], row["relation"]
         context, question = row["problem"].removeprefix("<context>").split("</context>\n\n", 1)
         changed = row["solution"].removeprefix("<answer>").removesuffix("</answer>")
