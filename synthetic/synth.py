@@ -1,9 +1,8 @@
 """Synthetic faithfulness data in the CANOE paper's four task types: prose passages built from `facts.py`.
 
-CANOE trains on short-form QA synthesised from knowledge-base triples; this makes items of the same kinds on the
-machine. A passage reads like a reading-comprehension passage (ConFiQA's, FollowRAG's): a paragraph of prose about
-one entity, several of its facts in varied sentences, sentences that state nothing, and look-alike entities of its
-kind with facts of their own. Answers are names, years and counts; the templates are in `facts.json`.
+A passage reads like a reading-comprehension passage (ConFiQA's, FollowRAG's): a paragraph about one entity,
+several of its facts in varied sentences, sentences that state nothing, and look-alikes of its kind with facts of
+their own. Answers are names, years and counts; the templates are in `facts.json`.
 
 - **straightforward**: the answer is stated in a paragraph about the entity;
 - **multi_hop**: a chain of two or three facts, one paragraph per entity ("Who composed the music for the film
@@ -27,7 +26,7 @@ import json
 import random
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,18 +89,13 @@ class World:
 
     def add(self, kind: str, name: str, values: dict[str, str]) -> None:
         self.kinds.setdefault(kind, []).append(name)
-        for relation, value in values.items():
-            self.facts[(name, relation)] = value
+        self.facts.update({(name, relation): value for relation, value in values.items()})
 
     def kind_of(self, name: str) -> str:
         return next(kind for kind, names in self.kinds.items() if name in names)
 
     def relations_of(self, name: str) -> list[str]:
         return [r for r in RELATIONS if (name, r) in self.facts]
-
-    @property
-    def entities(self) -> list[str]:
-        return sorted(name for names in self.kinds.values() for name in names)
 
     def values(self, relation: str) -> list[str]:
         """Every value of `relation` in this world (what a changed or disagreeing fact is drawn from)."""
@@ -123,12 +117,10 @@ def _add_real_facts(world: World, pools: dict[str, Iterable[str]]) -> list[str]:
         for city in (capital, *facts.CITIES.get(country, ())):
             world.add("city", city, {"city_country": country})
             cities.append(city)
-    for element in pools["elements"]:
-        world.add("element", element, {"symbol": facts.ELEMENTS[element]})
-    for book in pools["books"]:
-        world.add("book", book, {"author": facts.BOOKS[book]})
-    for moon in pools["moons"]:
-        world.add("moon", moon, {"orbits": facts.MOONS[moon]})
+    for pool, kind, relation in (("elements", "element", "symbol"), ("books", "book", "author"),
+                                 ("moons", "moon", "orbits")):
+        for name in pools[pool]:
+            world.add(kind, name, {relation: REAL_POOLS[pool][name]})
     return cities
 
 
@@ -241,12 +233,9 @@ def _look_alikes(world: World, name: str, kind: str, avoid: set[str], rng: rando
 def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str], size: int,
               avoid: set[str] = frozenset(), override: dict[str, str] | None = None) -> str:
     """A paragraph about `name`: its facts `must` (in that order of priority) and others up to `size` fact
-    sentences, one to three sentences stating nothing, and facts of look-alikes (`_look_alikes`).
-
-    `override` replaces some of its facts' values (an inconsistent passage's disagreeing value); `avoid` lists
-    names that no sentence about another entity may contain, as subject or value. The first sentence names the
-    entity; later ones use its name or a reference ("the company", a person's surname).
-    """
+    sentences, one to three sentences stating nothing, and facts of look-alikes (`_look_alikes`). `override`
+    replaces some of its facts' values (an inconsistent passage's disagreeing value); `avoid` lists names that no
+    sentence about another entity may contain, as subject or value."""
     values = {r: world.facts[(name, r)] for r in world.relations_of(name)} | (override or {})
     others = [r for r in values if r not in must and values[r] not in avoid]
     rng.shuffle(others)
@@ -277,9 +266,8 @@ def paragraph(world: World, name: str, rng: random.Random, *, must: Sequence[str
     return " ".join(sentences)
 
 
-def _question(relation_or_chain: str, subject: str, rng: random.Random, template: str | None = None) -> str:
-    text = (template or rng.choice(RELATIONS[relation_or_chain].questions)).format(s=subject)
-    return text[0].upper() + text[1:]
+def _question(relation: str, subject: str, rng: random.Random) -> str:
+    return sentence(rng.choice(RELATIONS[relation].questions), subject, "")
 
 
 def _item(task: str, relation: str, entities: list[str], context: str, question: str, answer: str,
@@ -362,7 +350,7 @@ def _multi_hop(world: World, rng: random.Random) -> dict:
     if relations[-1] in REAL_WORLD_RELATIONS and rng.random() < COUNTERFACTUAL_CHAIN_SHARE:
         changed = _change(world, nodes[-2], relations[-1], rng, context)
         context, answer = _replace_everywhere(context, answer, changed), changed
-    return _item("multi_hop", chain, nodes[:-1], context, _question(chain, nodes[0], rng, template), answer, rng)
+    return _item("multi_hop", chain, nodes[:-1], context, sentence(template, nodes[0], ""), answer, rng)
 
 
 def _inconsistent(world: World, rng: random.Random) -> dict:
@@ -391,17 +379,14 @@ def context_words(row: dict) -> int:
     return len(row["problem"].removeprefix("<context>").split("</context>")[0].split())
 
 
-def _make(maker: Callable[[World, random.Random], dict], world: World, rng: random.Random) -> dict:
-    while True:  # drawn again until the context has PASSAGE_WORDS words
-        row = maker(world, rng)
-        if PASSAGE_WORDS[0] <= context_words(row) <= PASSAGE_WORDS[1]:
-            return row
-
-
 def _generate(world: World, n: int, split: str, seed: int) -> list[dict]:
     """n items, as even a share of the four tasks as n allows, shuffled, with ids "{split}-00000"..."""
     rng = random.Random(f"items-{split}:{seed}")
-    rows = [_make(_MAKERS[TASKS[i % len(TASKS)]], world, rng) for i in range(n)]
+    rows = []
+    while len(rows) < n:  # an item is drawn again until its context has PASSAGE_WORDS words
+        row = _MAKERS[TASKS[len(rows) % len(TASKS)]](world, rng)
+        if PASSAGE_WORDS[0] <= context_words(row) <= PASSAGE_WORDS[1]:
+            rows.append(row)
     rng.shuffle(rows)
     return [{"id": f"{split}-{i:05d}", **row} for i, row in enumerate(rows)]
 
@@ -438,9 +423,7 @@ def to_confiqa(rows: Iterable[dict]) -> list[dict]:
     question bare; `orig_context` is the context with the change undone (the changed value is never in the passage
     before the change, `_change`). Other task types have no competing original answer and are left out."""
     records = []
-    for row in rows:
-        if row.get("task") != "counterfactual":
-            continue
+    for row in [r for r in rows if r.get("task") == "counterfactual"]:
         subject, relation = row["entities"][0], row["relation"]
         context, question = row["problem"].removeprefix("<context>").split("</context>\n\n", 1)
         changed = row["solution"].removeprefix("<answer>").removesuffix("</answer>")

