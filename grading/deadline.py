@@ -84,8 +84,8 @@ def _shutdown(workers: list[_Worker]) -> None:
 class DeadlinePool:
     """A persistent pool of worker processes running `WORKER_JOBS[name](*args)` under a deadline.
 
-    Each worker imports `modules` (one name or several) in order, runs each one's `warm_up()` if it has one, and
-    merges their `WORKER_JOBS` dicts. `run` may be called from any thread; calls are serialised.
+    Each worker imports `modules` (one name or several) in order, merges their `WORKER_JOBS` dicts and makes each
+    one's `WARM_UP` calls, `[(name, args), ...]`, if any. `run` may be called from any thread; calls are serialised.
     Differs from CANOE (docs/differences.md, D3): symbolic grading runs under a hard deadline in worker processes.
     """
 
@@ -233,9 +233,9 @@ def worker_main(modules: Sequence[str]) -> None:
     jobs: dict[str, Callable[..., Any]] = {}
     for module in modules:
         job_module = importlib.import_module(module)
-        if hasattr(job_module, "warm_up"):
-            job_module.warm_up()  # first-use costs are paid before the first deadline starts
         jobs.update(getattr(job_module, "WORKER_JOBS", {}))
+        for name, args in getattr(job_module, "WARM_UP", ()):
+            jobs[name](*args)  # first-use costs are paid before the first deadline starts
     jobs.update(_TEST_JOBS)
     pickle.dump("ready", replies)
     replies.flush()

@@ -20,7 +20,7 @@ import re
 import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from grading.grader import (WARM_UP_PAIRS, MathGrader, bracket_depths, default_grader, has_word, matching_brace,
+from grading.grader import (WARM_UP_PAIRS, MathGrader, as_sequence, default_grader, has_word, matching_brace,
                             only_known_commands)
 
 MAX_R1_CHARS = 1000  # longer answers are compared as stripped strings: normalising them is not linear-time
@@ -175,23 +175,6 @@ class _SympyParser:
         raise _Unparsable(f"unsupported token {token!r}")
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Split at commas outside brackets; `(1,2),(3,4)` -> ['(1,2)', '(3,4)']."""
-    cuts = [i for i, (char, depth) in enumerate(zip(text, bracket_depths(text))) if char == "," and depth == 0]
-    return [text[start + 1 : end] for start, end in zip([-1, *cuts], [*cuts, len(text)])]
-
-
-def _as_sequence(text: str) -> tuple[str, list[str]]:
-    """(bracket pair, elements) for tuples and intervals like `(4,5]`; ('', elements) otherwise."""
-    depths = bracket_depths(text)
-    # enclosed: the bracket that opens the text closes at its end (`(4,5]`, not `(1,2),(3,4)`)
-    if len(text) > 2 and text[0] in "([" and text[-1] in ")]" and depths[-1] == 0 and 0 not in depths[:-1]:
-        inner = _split_top_level(text[1:-1])
-        if len(inner) > 1:
-            return text[0] + text[-1], inner
-    return "", _split_top_level(text)
-
-
 def _sympy_value_equal(a: str, b: str) -> bool:
     if a == b:
         return True
@@ -209,7 +192,7 @@ def sympy_equivalent(a: str, b: str) -> bool:
     """
     if not a or not b or len(a) > MAX_R1_CHARS or len(b) > MAX_R1_CHARS or has_word(a) or has_word(b):
         return False  # has_word: words, never products of symbols
-    (brackets_a, items_a), (brackets_b, items_b) = _as_sequence(a), _as_sequence(b)
+    (brackets_a, items_a), (brackets_b, items_b) = as_sequence(a), as_sequence(b)
     if brackets_a != brackets_b or len(items_a) != len(items_b):
         return False
     try:
@@ -248,17 +231,14 @@ def last_boxed(text: str) -> str | None:
     return None if end is None else text[box.end() : end]
 
 
-def _latex_candidate(text: str) -> bool:
-    return 0 < len(text) <= MAX_R1_CHARS and only_known_commands(text)
-
-
 def r1_worker_equal(gold: str, pred: str, fast: bool) -> bool:
     """Worker job for r1_grade: exact sympy equivalence, then (fast=False) math-verify's reading of short answers
     with only known LaTeX commands."""
     if sympy_equivalent(normalize_math_answer(pred), normalize_math_answer(gold)):
         return True
     gold, pred = gold.strip(), pred.strip()
-    return not fast and _latex_candidate(gold) and _latex_candidate(pred) and r1_latex_equal(gold, pred)
+    return (not fast and all(0 < len(text) <= MAX_R1_CHARS and only_known_commands(text) for text in (gold, pred))
+            and r1_latex_equal(gold, pred))
 
 
 def r1_grade(model_answer: str, ground_truth: str, fast: bool = True, grader: MathGrader | None = None) -> bool:
@@ -281,9 +261,4 @@ def r1_grade(model_answer: str, ground_truth: str, fast: bool = True, grader: Ma
 # ------------------------------------------------------------------------------------------------ worker side
 
 WORKER_JOBS = {"r1": r1_worker_equal}  # what grading workers may run from this module (see grader.WORKER_MODULES)
-
-
-def warm_up() -> None:
-    """Run once in each worker before it reports ready (see `grader.warm_up`)."""
-    for gold, pred in WARM_UP_PAIRS:
-        r1_worker_equal(gold, pred, fast=False)
+WARM_UP = [("r1", (gold, pred, False)) for gold, pred in WARM_UP_PAIRS]  # see grader.WARM_UP_PAIRS
