@@ -256,23 +256,13 @@ class MathGrader:
         """One bool per (gold, pred) pair of answer spans: same string, or math-verify proves them equal."""
         if len(golds) != len(preds):
             raise ValueError(f"{len(golds)} golds but {len(preds)} preds")
-        verdicts: list[bool] = []
-        to_grade: dict[tuple[str, str], list[int]] = {}
-        for i, (gold, pred) in enumerate(zip(golds, preds)):
-            if not isinstance(gold, str) or not isinstance(pred, str):
-                verdicts.append(False)
-                continue
-            gold, pred = prepare_span(gold), prepare_span(pred)
-            verdict = settle_locally(gold, pred)
-            verdicts.append(bool(verdict))
-            if verdict is None:
-                to_grade.setdefault((gold, pred), []).append(i)
+        pairs = [(prepare_span(gold), prepare_span(pred)) if isinstance(gold, str) and isinstance(pred, str) else None
+                 for gold, pred in zip(golds, preds)]
+        verdicts = [False if pair is None else settle_locally(*pair) for pair in pairs]
+        to_grade = list(dict.fromkeys(pair for pair, verdict in zip(pairs, verdicts) if verdict is None))  # each once
         # identical spans never get here, so the string-match fallback of a timed-out pair is always False
-        results = self._run("canoe", list(to_grade), [gold == pred for gold, pred in to_grade])
-        for indices, result in zip(to_grade.values(), results):
-            for i in indices:
-                verdicts[i] = result
-        return verdicts
+        graded = dict(zip(to_grade, self._run("canoe", to_grade, [False] * len(to_grade))))
+        return [graded[pair] if verdict is None else verdict for pair, verdict in zip(pairs, verdicts)]
 
     def wait_ready(self) -> None:
         """Block until all workers have started; optional, e.g. before timing."""
