@@ -248,9 +248,7 @@ class MathGrader:
     def __init__(self, workers: int = 2, deadline_s: float = 1.0, r1: bool = False):
         self.r1 = r1  # the workers also import and warm r1_grader, for `r1_equivalent`
         self._pool = DeadlinePool(R1_WORKER_MODULES if r1 else WORKER_MODULES, workers=workers, deadline_s=deadline_s)
-        self.timeouts = 0
-        self.errors = 0
-        self.slowest_s = 0.0
+        self.timeouts, self.errors, self.slowest_s = 0, 0, 0.0
 
     def equivalent_batch(self, golds: list[str], preds: list[str]) -> list[bool]:
         """One bool per (gold, pred) pair of answer spans: same string, or math-verify proves them equal."""
