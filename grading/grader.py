@@ -4,16 +4,16 @@ r"""When are two answers the same? Answer equivalence for CANOE's accuracy rewar
    `verify(gold, pred)`, gold first (the original's `accuracy_reward`). Only spans that read as math reach
    math-verify, parsed whole (`reads_as_text` has one rule per way math-verify 0.9.0 makes different texts equal);
    plain numbers, fractions, and sets and intervals of them are compared exactly here (`settle_locally`).
-2. `MathGrader`, the front end the trainer uses for this grader and `r1_grader.py`, sends the math-looking pairs
-   to worker processes (`deadline.DeadlinePool`) that import sympy and math-verify, never torch; a pair that
-   overruns the deadline or crashes its worker falls back to string match. math-verify's own signal-based
-   timeouts are off (`None`): they fail outside the main thread.
+2. `MathGrader`, the front end for this grader and `r1_grader.py`, grades the rest in worker processes
+   (`deadline.DeadlinePool`) that never import torch. math-verify's own signal-based timeouts are off (`None`):
+   they fail outside the main thread.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import logging
 import re
 import threading
@@ -62,24 +62,30 @@ MAX_NESTING = 8  # bracket depth
 
 def matching_brace(text: str, open_at: int) -> int | None:
     """Index of the `}` closing the `{` at `open_at`, or None if unbalanced."""
-    depth = 0
-    for i in range(open_at, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-    return None
+    depths = itertools.accumulate((char == "{") - (char == "}") for char in text[open_at:])
+    return next((open_at + i for i, depth in enumerate(depths) if depth == 0), None)
 
 
 def bracket_depths(text: str) -> list[int]:
     """The bracket depth after each character of `text`: `([{` open, `)]}` close."""
-    depths, depth = [], 0
-    for char in text:
-        depth += (char in "([{") - (char in ")]}")
-        depths.append(depth)
-    return depths
+    return list(itertools.accumulate((char in "([{") - (char in ")]}") for char in text))
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split at commas outside brackets; `(1,2),(3,4)` -> ['(1,2)', '(3,4)']."""
+    cuts = [i for i, (char, depth) in enumerate(zip(text, bracket_depths(text))) if char == "," and depth == 0]
+    return [text[start + 1 : end] for start, end in zip([-1, *cuts], [*cuts, len(text)])]
+
+
+def as_sequence(text: str) -> tuple[str, list[str]]:
+    """(bracket pair, elements) for tuples and intervals like `(4,5]`; ('', elements) otherwise."""
+    depths = bracket_depths(text)
+    # enclosed: the bracket that opens the text closes at its end (`(4,5]`, not `(1,2),(3,4)`)
+    if len(text) > 2 and text[0] in "([" and text[-1] in ")]" and depths[-1] == 0 and 0 not in depths[:-1]:
+        inner = split_top_level(text[1:-1])
+        if len(inner) > 1:
+            return text[0] + text[-1], inner
+    return "", split_top_level(text)
 
 
 def _without_commands(span: str) -> str:
@@ -118,10 +124,8 @@ def reads_as_text(span: str) -> bool:
     >>> [reads_as_text(s) for s in ["Paris", "ab", "42", "2\\\\sqrt{2}", "1914-1918", "\\\\mbox{5}", "x^2-1"]]
     [True, True, False, False, True, True, False]
     """
-    if len(span) > MAX_MATH_CHARS or not _MATH_SIGN.search(span):
-        return True  # plainly words (or empty): no digit, no LaTeX, no operator
-    if not only_known_commands(span):
-        return True
+    if len(span) > MAX_MATH_CHARS or not _MATH_SIGN.search(span) or not only_known_commands(span):
+        return True  # plainly words (or empty: no digit, no LaTeX, no operator), or LaTeX math-verify would misread
     bare = _without_commands(span)
     if _LETTER_RUN.search(bare) or _TEXT_PATTERNS.search(bare):
         return True
@@ -150,9 +154,8 @@ def _rational(text: str) -> Fraction | None:
     match = _PLAIN_FRACTION.fullmatch(text)
     if match is None:
         return None
-    sign, *digits = match.groups()
-    numerator, denominator = (int(d) for d in digits if d is not None)
-    return None if denominator == 0 else Fraction(-numerator if sign == "-" else numerator, denominator)
+    numerator, denominator = int(match[1] + (match[2] or match[4])), int(match[3] or match[5])
+    return None if denominator == 0 else Fraction(numerator, denominator)
 
 
 def _rational_structure(span: str) -> tuple[str, object] | None:
@@ -162,18 +165,14 @@ def _rational_structure(span: str) -> tuple[str, object] | None:
     value = _rational(span)
     if value is not None:
         return "number", value
-    if span.startswith("\\{") and span.endswith("\\}"):
-        kind, inner = "set", span[2:-2]
-    elif len(span) > 2 and span[0] in "([" and span[-1] in ")]":
-        kind, inner = "pair", span[1:-1]
-    else:
-        kind, inner = "set", span
-    values = [_rational(part) for part in inner.split(",")]
+    is_set = span.startswith("\\{") and span.endswith("\\}")
+    brackets, items = ("", split_top_level(span[2:-2])) if is_set else as_sequence(span)
+    values = [_rational(item) for item in items]
     if len(values) < 2 or None in values:
         return None
-    if kind == "set":
+    if not brackets:
         return "set", frozenset(values)
-    return ("pair", (span[0] + span[-1], *values)) if len(values) == 2 else None
+    return ("pair", (brackets, *values)) if len(values) == 2 else None
 
 
 def settle_locally(gold: str, pred: str) -> bool | None:
@@ -220,19 +219,15 @@ def canoe_math_equal(gold: str, pred: str) -> bool:
 # ============================================================================ 2. MathGrader: parallel, deadline
 
 WORKER_JOBS = {"canoe": canoe_math_equal}  # what grading workers may run from this module
-# The modules a grading worker imports (running their `warm_up()`, taking their WORKER_JOBS): CANOE's rewards need
+# The modules a grading worker imports (running their WARM_UP calls, taking their WORKER_JOBS): CANOE's rewards need
 # this one only; R1-Zero's grader (which imports this module, so it is named, not imported) only on request.
 WORKER_MODULES = ("grading.grader",)
 R1_WORKER_MODULES = (*WORKER_MODULES, "grading.r1_grader")
+# Run in each worker before it reports ready, so that first-use costs (math-verify compiling its regexes, sympy
+# importing its polynomial code) do not count against a pair's deadline.
 WARM_UP_PAIRS = [("\\frac{1}{2}", "0.5"), ("x^2-1", "(x-1)(x+1)"), ("\\sqrt{8}", "2\\sqrt{2}"), ("120", "5!"),
                  ("(1,2)", "[1,2)")]
-
-
-def warm_up() -> None:
-    """Run once in each worker before it reports ready, so that first-use costs (math-verify compiling its
-    regexes, sympy importing its polynomial code) do not count against a pair's deadline."""
-    for gold, pred in WARM_UP_PAIRS:
-        canoe_math_equal(gold, pred)
+WARM_UP = [("canoe", pair) for pair in WARM_UP_PAIRS]
 
 
 # math-verify warns once per process that its own timeout is off; that is deliberate here.
@@ -251,34 +246,21 @@ class MathGrader:
     """
 
     def __init__(self, workers: int = 2, deadline_s: float = 1.0, r1: bool = False):
-        self.deadline_s = deadline_s
         self.r1 = r1  # the workers also import and warm r1_grader, for `r1_equivalent`
         self._pool = DeadlinePool(R1_WORKER_MODULES if r1 else WORKER_MODULES, workers=workers, deadline_s=deadline_s)
-        self.timeouts = 0
-        self.errors = 0
-        self.slowest_s = 0.0
+        self.timeouts, self.errors, self.slowest_s = 0, 0, 0.0
 
     def equivalent_batch(self, golds: list[str], preds: list[str]) -> list[bool]:
         """One bool per (gold, pred) pair of answer spans: same string, or math-verify proves them equal."""
         if len(golds) != len(preds):
             raise ValueError(f"{len(golds)} golds but {len(preds)} preds")
-        verdicts: list[bool] = []
-        to_grade: dict[tuple[str, str], list[int]] = {}
-        for i, (gold, pred) in enumerate(zip(golds, preds)):
-            if not isinstance(gold, str) or not isinstance(pred, str):
-                verdicts.append(False)
-                continue
-            gold, pred = prepare_span(gold), prepare_span(pred)
-            verdict = settle_locally(gold, pred)
-            verdicts.append(bool(verdict))
-            if verdict is None:
-                to_grade.setdefault((gold, pred), []).append(i)
+        pairs = [(prepare_span(gold), prepare_span(pred)) if isinstance(gold, str) and isinstance(pred, str) else None
+                 for gold, pred in zip(golds, preds)]
+        verdicts = [False if pair is None else settle_locally(*pair) for pair in pairs]
+        to_grade = list(dict.fromkeys(pair for pair, verdict in zip(pairs, verdicts) if verdict is None))  # each once
         # identical spans never get here, so the string-match fallback of a timed-out pair is always False
-        results = self._run("canoe", list(to_grade), [gold == pred for gold, pred in to_grade])
-        for indices, result in zip(to_grade.values(), results):
-            for i in indices:
-                verdicts[i] = result
-        return verdicts
+        graded = dict(zip(to_grade, self._run("canoe", to_grade, [False] * len(to_grade))))
+        return [graded[pair] if verdict is None else verdict for pair, verdict in zip(pairs, verdicts)]
 
     def wait_ready(self) -> None:
         """Block until all workers have started; optional, e.g. before timing."""
@@ -297,18 +279,15 @@ class MathGrader:
         results = []
         for fallback, outcome in zip(fallbacks, self._pool.run([(job, args) for args in calls])):
             self.slowest_s = max(self.slowest_s, outcome.seconds)
-            if outcome.status == "ok":
-                results.append(outcome.value)
-                continue
+            results.append(outcome.value if outcome.status == "ok" else fallback)
             if outcome.status == "error":
                 self.errors += 1
                 if self.errors == 1:  # once per grader: the trainer logs the count every step (reward/grader_errors)
                     warnings.warn(f"a grading worker raised ({outcome.value}); that pair fell back to string match, "
                                   f"and such errors are counted in MathGrader.errors from now on", RuntimeWarning,
                                   stacklevel=3)
-            else:
+            elif outcome.status != "ok":
                 self.timeouts += 1
-            results.append(fallback)
         return results
 
     def close(self) -> None:

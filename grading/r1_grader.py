@@ -20,7 +20,7 @@ import re
 import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from grading.grader import (WARM_UP_PAIRS, MathGrader, bracket_depths, default_grader, has_word, matching_brace,
+from grading.grader import (WARM_UP_PAIRS, MathGrader, as_sequence, default_grader, has_word, matching_brace,
                             only_known_commands)
 
 MAX_R1_CHARS = 1000  # longer answers are compared as stripped strings: normalising them is not linear-time
@@ -32,22 +32,10 @@ _UNIT_WORDS = (
     "yards?|miles?|mph|kg|g|grams?|kilograms?|pounds?|lbs?|liters?|litres?|ml|seconds?|sec|s|minutes?|mins?|"
     "hours?|hrs?|days?|weeks?|months?|years?|degrees?|deg|units?|apples?|people|students?|cents?"
 )
-_UNITS_AT_END = re.compile(rf"(?<=[\d}}])\s*(?:{_UNIT_WORDS})\s*\.?$")
-_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm)\s*\{([^{}]*)\}")  # not \mbox (worked case `mbox`)
-_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|°")
-_PERCENT = re.compile(r"\\%|%|\s*\bpercent\b")
-_LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![A-Za-z])")
-_SPACING = re.compile(r"(?<!\\)\\[,;:! ]|\\quad|\\qquad")  # not the `\\` row break of a matrix
-_VARIABLE_PREFIX = re.compile(r"^[A-Za-z]\w{0,2}\s*=(?!=)\s*")  # `x = 5`, `xy = 5`
-_MIXED_NUMBER = re.compile(r"^(-?)(\d+)\s+(\d+)\s*/\s*(\d+)$")  # `7 3/4`
-_THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
-_FRAC_SHORT = re.compile(r"\\frac\s*(\d)\s*(\d)|\\frac\s*(\d)\s*(?=\{)|(\\frac\{[^{}]*\})\s*(\d)")
-_SQRT_SHORT = re.compile(r"\\sqrt\s*([0-9a-zA-Z])")
-_LEADING_DOT = re.compile(r"(?<![\d}])\.(\d)")
-_LETTER_CHOICE = re.compile(r"^\(([a-z])\)$")
 
 
 def _short_frac(match: re.Match) -> str:
+    """`\\frac12` -> \\frac{1}{2}, `\\frac1{2}` -> \\frac{1}{2}, `\\frac{1}2` -> \\frac{1}{2}."""
     if match.group(1):
         return f"\\frac{{{match.group(1)}}}{{{match.group(2)}}}"
     if match.group(3):
@@ -64,28 +52,23 @@ def normalize_math_answer(answer: str) -> str:
     '(4,5)'
     """
     text = answer.strip().replace("\n", " ")
-    text = _TEXT_WRAPPER.sub(r"\1", text)  # `\text{5}` -> 5, `12\text{ inches}` -> 12 inches
-    text = text.replace("\\!", "")
-    text = re.sub(r"\\[dt]frac", r"\\frac", text)
-    text = _LEFT_RIGHT.sub("", text)
+    # `\text{5}` -> 5, `12\text{ inches}` -> 12 inches; not \mbox (worked case `mbox`)
+    text = re.sub(r"\\(?:text|textbf|textrm|mathrm)\s*\{([^{}]*)\}", r"\1", text).replace("\\!", "")
+    text = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", re.sub(r"\\[dt]frac", r"\\frac", text))
     text = text.replace("{bmatrix}", "{pmatrix}")  # the same matrix in other brackets
-    text = re.sub(r"\\geq(?![A-Za-z])", r"\\ge", re.sub(r"\\leq(?![A-Za-z])", r"\\le", text))
-    text = re.sub(r"\\neq(?![A-Za-z])", r"\\ne", text)
-    text = _DEGREES.sub("", text)  # `90^\circ` -> 90
-    text = text.replace("\\$", "").replace("$", "")
-    text = _PERCENT.sub("", text)  # `50\%`, `50 percent` -> 50
-    text = _SPACING.sub(" ", text).strip()
-    text = _VARIABLE_PREFIX.sub("", text)  # `x = 5` -> 5
-    text = _UNITS_AT_END.sub("", text).strip()  # `5 meters`, `5 apples.`, `5 sq m` -> 5
-    text = _MIXED_NUMBER.sub(r"(\1(\2+\3/\4))", text)  # `7 3/4` -> (7+3/4), before spaces go
-    text = text.replace("\\{", "").replace("\\}", "")  # `\{1,2\}` -> 1,2: a set reads as its elements
-    text = re.sub(r"\s+", "", text)
-    text = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), text)  # `1,000.5` -> 1000.5
-    text = _FRAC_SHORT.sub(_short_frac, text)  # `\frac12` -> \frac{1}{2}
-    text = _SQRT_SHORT.sub(r"\\sqrt{\1}", text)  # `\sqrt2` -> \sqrt{2}
-    text = _LEADING_DOT.sub(r"0.\1", text)  # `.5` -> 0.5
-    text = text.rstrip(".").lower()
-    return _LETTER_CHOICE.sub(r"\1", text)  # `(A)` -> a
+    text = re.sub(r"\\(le|ge|ne)q(?![A-Za-z])", r"\\\1", text)
+    text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|°", "", text)  # `90^\circ` -> 90
+    text = re.sub(r"\\%|%|\s*\bpercent\b", "", text.replace("\\$", "").replace("$", ""))  # `50\%`, `50 percent`
+    text = re.sub(r"(?<!\\)\\[,;:! ]|\\quad|\\qquad", " ", text).strip()  # spacing, not a matrix's `\\` row break
+    text = re.sub(r"^[A-Za-z]\w{0,2}\s*=(?!=)\s*", "", text)  # `x = 5`, `xy = 5` -> 5
+    text = re.sub(rf"(?<=[\d}}])\s*(?:{_UNIT_WORDS})\s*\.?$", "", text).strip()  # `5 meters`, `5 apples.`, `5 sq m`
+    text = re.sub(r"^(-?)(\d+)\s+(\d+)\s*/\s*(\d+)$", r"(\1(\2+\3/\4))", text)  # `7 3/4` -> (7+3/4), before spaces go
+    text = re.sub(r"\s+", "", text.replace("\\{", "").replace("\\}", ""))  # `\{1,2\}` -> 1,2: a set, its elements
+    text = re.sub(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])", lambda m: m[0].replace(",", ""), text)  # `1,000.5`
+    text = re.sub(r"\\frac\s*(\d)\s*(\d)|\\frac\s*(\d)\s*(?=\{)|(\\frac\{[^{}]*\})\s*(\d)", _short_frac, text)
+    text = re.sub(r"\\sqrt\s*([0-9a-zA-Z])", r"\\sqrt{\1}", text)  # `\sqrt2` -> \sqrt{2}
+    text = re.sub(r"(?<![\d}])\.(\d)", r"0.\1", text).rstrip(".").lower()  # `.5` -> 0.5
+    return re.sub(r"^\(([a-z])\)$", r"\1", text)  # `(A)` -> a
 
 
 class _Unparsable(Exception):
@@ -96,6 +79,8 @@ _TOKEN = re.compile(r"\d+\.?\d*|\.\d+|\\[a-z]+|[a-z]|[-+*/^(){}\[\]]")
 _MAX_DEPTH = 40
 _MAX_POWER_DIGITS = 10_000  # numeric powers with more digits than this are refused, not computed
 _MAX_SYMBOLIC_EXPONENT = 32  # (x+1)^n is expanded when compared; keep n small
+_CLOSING = {"(": ")", "{": "}", "[": "]"}
+_CONSTANTS = {"\\pi": sympy.pi, "\\infty": sympy.oo}
 
 
 class _SympyParser:
@@ -110,21 +95,22 @@ class _SympyParser:
         self.tokens = _TOKEN.findall(text)
         if "".join(self.tokens) != text:
             raise _Unparsable(text)  # a character we do not model (`=`, `\ge`, `!`, ...)
+        self.tokens.append("")  # the end
         self.pos = 0
         self.depth = 0
 
     def parse(self) -> sympy.Expr:
         value = self.sum()
-        if self.pos != len(self.tokens):
+        if self.peek():
             raise _Unparsable("trailing input")
         return value
 
-    def peek(self) -> str | None:
-        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+    def peek(self) -> str:
+        return self.tokens[self.pos]
 
     def take(self, expected: str | None = None) -> str:
         token = self.peek()
-        if token is None or (expected is not None and token != expected):
+        if not token or (expected is not None and token != expected):
             raise _Unparsable(f"expected {expected!r}, got {token!r}")
         self.pos += 1
         return token
@@ -141,18 +127,11 @@ class _SympyParser:
 
     def product(self) -> sympy.Expr:
         value = self.signed()
-        while True:
-            token = self.peek()
-            if token in ("*", "\\cdot", "\\times"):
-                self.take()
-                value = value * self.signed()
-            elif token in ("/", "\\div"):
-                self.take()
-                value = value / self.signed()
-            elif token is not None and token not in ("+", "-", ")", "}", "]", "^"):
-                value = value * self.signed()  # implicit multiplication: 2x, 2\sqrt{2}
-            else:
-                return value
+        while self.peek() not in ("", "+", "-", ")", "}", "]", "^"):
+            # an operator, or none: implicit multiplication (2x, 2\sqrt{2})
+            operator = self.take() if self.peek() in ("*", "\\cdot", "\\times", "/", "\\div") else "*"
+            value = value / self.signed() if operator in ("/", "\\div") else value * self.signed()
+        return value
 
     def signed(self) -> sympy.Expr:
         if self.peek() in ("-", "+"):
@@ -182,38 +161,18 @@ class _SympyParser:
             return sympy.Rational(token)  # exact: 0.333 is 333/1000, never 1/3
         if len(token) == 1 and token.isalpha():
             return sympy.Symbol(token)
-        if token in ("(", "{", "["):
+        if token in _CLOSING:
             value = self.sum()
-            self.take({"(": ")", "{": "}", "[": "]"}[token])
+            self.take(_CLOSING[token])
             return value
-        if token == "\\pi":
-            return sympy.pi
-        if token == "\\infty":
-            return sympy.oo
+        if token in _CONSTANTS:
+            return _CONSTANTS[token]
         if token == "\\frac":
-            numerator = self.atom()
-            return numerator / self.atom()
+            return self.atom() / self.atom()  # numerator first
         if token == "\\sqrt":
             index = self.atom() if self.peek() == "[" else sympy.Integer(2)  # `[n]` is an atom: `[sum]`
             return sympy.root(self.atom(), index)
         raise _Unparsable(f"unsupported token {token!r}")
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split at commas outside brackets; `(1,2),(3,4)` -> ['(1,2)', '(3,4)']."""
-    cuts = [i for i, (char, depth) in enumerate(zip(text, bracket_depths(text))) if char == "," and depth == 0]
-    return [text[start + 1 : end] for start, end in zip([-1, *cuts], [*cuts, len(text)])]
-
-
-def _as_sequence(text: str) -> tuple[str, list[str]]:
-    """(bracket pair, elements) for tuples and intervals like `(4,5]`; ('', elements) otherwise."""
-    depths = bracket_depths(text)
-    # enclosed: the bracket that opens the text closes at its end (`(4,5]`, not `(1,2),(3,4)`)
-    if len(text) > 2 and text[0] in "([" and text[-1] in ")]" and depths[-1] == 0 and 0 not in depths[:-1]:
-        inner = _split_top_level(text[1:-1])
-        if len(inner) > 1:
-            return text[0] + text[-1], inner
-    return "", _split_top_level(text)
 
 
 def _sympy_value_equal(a: str, b: str) -> bool:
@@ -231,12 +190,9 @@ def sympy_equivalent(a: str, b: str) -> bool:
     >>> sympy_equivalent("0.5", "\\\\frac{2}{4}"), sympy_equivalent("\\\\sqrt[3]{2}", "\\\\sqrt{2}")
     (True, False)
     """
-    if not a or not b or len(a) > MAX_R1_CHARS or len(b) > MAX_R1_CHARS:
-        return False
-    if has_word(a) or has_word(b):
-        return False  # words, not products of symbols
-    brackets_a, items_a = _as_sequence(a)
-    brackets_b, items_b = _as_sequence(b)
+    if not a or not b or len(a) > MAX_R1_CHARS or len(b) > MAX_R1_CHARS or has_word(a) or has_word(b):
+        return False  # has_word: words, never products of symbols
+    (brackets_a, items_a), (brackets_b, items_b) = as_sequence(a), as_sequence(b)
     if brackets_a != brackets_b or len(items_a) != len(items_b):
         return False
     try:
@@ -252,14 +208,14 @@ def r1_latex_equal(gold: str, pred: str) -> bool:
     """Worker job (fast=False): math-verify's own reading of each answer, wrapped in `$...$` unless it has one:
     LaTeX first, else the last number-like expression (`She sold 72 clips.` reads as 72, `5 dollars` as a product).
     """
-    def read(text: str) -> list:
-        text = text if "$" in text else f"${text}$"
-        # parsing_timeout=None: the worker deadline replaces math-verify's signal-based timeout
-        return parse(text, extraction_config=_LATEX_THEN_EXPRESSION, fallback_mode="no_fallback",
-                     parsing_timeout=None)  # type: ignore[arg-type]
-
-    gold_parsed, pred_parsed = read(gold), read(pred)
+    # parsing_timeout=None: the worker deadline replaces math-verify's signal-based timeout
+    gold_parsed, pred_parsed = (parse(text if "$" in text else f"${text}$", extraction_config=_LATEX_THEN_EXPRESSION,
+                                      fallback_mode="no_fallback", parsing_timeout=None)  # type: ignore[arg-type]
+                                for text in (gold, pred))
     return bool(gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+_BOX_OPENING = re.compile(r"\\(?:boxed|fbox) *\{")
 
 
 def last_boxed(text: str) -> str | None:
@@ -269,19 +225,10 @@ def last_boxed(text: str) -> str | None:
     ('\\\\frac{1}{2}', None)
     """
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    brace = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
-    while brace < len(text) and text[brace] == " ":
-        brace += 1
-    if brace >= len(text) or text[brace] != "{":
+    if start < 0 or not (box := _BOX_OPENING.match(text, start)):
         return None  # `\boxed5`: no braces is a format error (r1_zero_reward_fn, step 3)
-    end = matching_brace(text, brace)
-    return None if end is None else text[brace + 1 : end]
-
-
-def _latex_candidate(text: str) -> bool:
-    return 0 < len(text) <= MAX_R1_CHARS and only_known_commands(text)
+    end = matching_brace(text, box.end() - 1)
+    return None if end is None else text[box.end() : end]
 
 
 def r1_worker_equal(gold: str, pred: str, fast: bool) -> bool:
@@ -290,7 +237,8 @@ def r1_worker_equal(gold: str, pred: str, fast: bool) -> bool:
     if sympy_equivalent(normalize_math_answer(pred), normalize_math_answer(gold)):
         return True
     gold, pred = gold.strip(), pred.strip()
-    return not fast and _latex_candidate(gold) and _latex_candidate(pred) and r1_latex_equal(gold, pred)
+    return (not fast and all(0 < len(text) <= MAX_R1_CHARS and only_known_commands(text) for text in (gold, pred))
+            and r1_latex_equal(gold, pred))
 
 
 def r1_grade(model_answer: str, ground_truth: str, fast: bool = True, grader: MathGrader | None = None) -> bool:
@@ -313,9 +261,4 @@ def r1_grade(model_answer: str, ground_truth: str, fast: bool = True, grader: Ma
 # ------------------------------------------------------------------------------------------------ worker side
 
 WORKER_JOBS = {"r1": r1_worker_equal}  # what grading workers may run from this module (see grader.WORKER_MODULES)
-
-
-def warm_up() -> None:
-    """Run once in each worker before it reports ready (see `grader.warm_up`)."""
-    for gold, pred in WARM_UP_PAIRS:
-        r1_worker_equal(gold, pred, fast=False)
+WARM_UP = [("r1", (gold, pred, False)) for gold, pred in WARM_UP_PAIRS]  # see grader.WARM_UP_PAIRS

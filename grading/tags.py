@@ -1,9 +1,8 @@
 """Reading the tagged sections of a CANOE text: `<think>`, `<long_answer>`, `<answer>`, `<context>`.
 
 The content of a section is the first `<tag>(.*?)</tag>` match (DOTALL), stripped; an opening tag without a closing
-one is no section. The *answer span* of a text is its first `<answer>` section, or the whole text stripped when it
-has none; CANOE's rewards read both the completion and the gold solution this way. Sections are found with two
-`str.find` calls, not the regex, which is quadratic on a megabyte of unclosed tags.
+one is no section. Sections are found with two `str.find` calls, not the regex, which is quadratic on a megabyte of
+unclosed tags.
 """
 
 from __future__ import annotations
@@ -12,11 +11,8 @@ from __future__ import annotations
 def _content_bounds(text: str, tag: str) -> tuple[int, int] | None:
     # The regex's leftmost match opens at the first `<tag>`: if no `</tag>` follows it, none follows a later one.
     start = text.find(f"<{tag}>")
-    if start < 0:
-        return None
-    start += len(tag) + 2
-    end = text.find(f"</{tag}>", start)
-    return None if end < 0 else (start, end)
+    end = -1 if start < 0 else text.find(f"</{tag}>", start + len(tag) + 2)
+    return None if end < 0 else (start + len(tag) + 2, end)
 
 
 def tag_content(text: str, tag: str) -> str | None:
@@ -43,7 +39,8 @@ def replace_content(text: str, tag: str, content: str) -> str | None:
 
 
 def answer_span(text: str) -> str:
-    """The first `<answer>` content, stripped; the whole text stripped if there is none.
+    """The *answer span* of a text, as CANOE's rewards read both the completion and the gold solution: the first
+    `<answer>` content, stripped; the whole text stripped if there is none.
 
     >>> answer_span("<think>7</think><answer> 42 </answer><answer>43</answer>"), answer_span(" 42 ")
     ('42', '42')
