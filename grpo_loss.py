@@ -62,14 +62,9 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: s
     if group_size < 2:
         raise ValueError(f"group_size must be at least 2 to compare samples within a group, got {group_size}")
     if rewards.numel() % group_size != 0:
-        raise ValueError(
-            f"the number of rewards ({rewards.numel()}) is not a multiple of group_size ({group_size})"
-        )
+        raise ValueError(f"the number of rewards ({rewards.numel()}) is not a multiple of group_size ({group_size})")
     if std not in ADVANTAGE_STDS:
         raise ValueError(f"std must be one of {ADVANTAGE_STDS}, got {std!r}")
-    if eps < 0:
-        raise ValueError(f"eps must be non-negative, got {eps}")
-
     values = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
     grouped = values.reshape(-1, group_size)  # (B, G)
     mean = grouped.mean(dim=1, keepdim=True)  # (B, 1)
@@ -90,9 +85,6 @@ def zero_variance_groups(values: Tensor, group_size: int) -> Tensor:
     >>> zero_variance_groups(torch.tensor([1.0, 1.0, 0.0, 2.0]), group_size=2)
     tensor([ True, False])
     """
-    if values.dim() < 1 or group_size < 1 or len(values) % group_size != 0:
-        raise ValueError(f"values must be (N, ...) with N a multiple of group_size, got {tuple(values.shape)}, "
-                         f"group_size {group_size}")
     grouped = values.reshape(-1, group_size, *values.shape[1:])  # (B, G, ...)
     return grouped.amax(dim=1) == grouped.amin(dim=1)  # (B, ...)
 
@@ -122,8 +114,7 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
               max_completion_tokens: int | None = None, vllm_logprobs: Tensor | None = None,
               importance_cap: float = 0.0, aggregation: Callable[..., Tensor] = seq_mean_token_mean,
               ratio_level: Callable[..., Tensor] = token_log_ratio,
-              surrogate_weight: Callable[..., tuple[Tensor, Tensor]] = unit_weight,
-              ) -> tuple[Tensor, dict[str, Tensor]]:
+              surrogate_weight: Callable[..., tuple[Tensor, Tensor]] = unit_weight) -> tuple[Tensor, dict[str, Tensor]]:
     """CANOE's clipped GRPO loss with a β-weighted k3 KL penalty (the module docstring's equations).
 
     `logprobs` `(N, T)`: log π_θ of the sampled tokens, the only input with a gradient; `old_logprobs` and
@@ -135,8 +126,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
     0-d loss in float32 (float64 for float64 inputs) and the keys of `METRIC_REDUCTIONS`, detached.
     """
     _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, clip_eps_low,
-                  clip_eps_high, total_sequences, total_tokens, importance_cap,
-                  aggregation=aggregation, ratio_level=ratio_level, surrogate_weight=surrogate_weight)
+                  clip_eps_high, total_sequences, total_tokens, aggregation=aggregation, ratio_level=ratio_level,
+                  surrogate_weight=surrogate_weight)
     # Work in at least float32: ratios of bf16 log-probabilities would be too coarse.
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     logp = logprobs.to(dtype)  # (N, T)
@@ -169,7 +160,7 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
 
 
 def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, clip_eps_low,
-                  clip_eps_high, total_sequences, total_tokens, importance_cap, **pieces) -> None:
+                  clip_eps_high, total_sequences, total_tokens, **pieces) -> None:
     """grpo_loss's arguments, with an error that names the one that is wrong."""
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (N, T), got shape {tuple(logprobs.shape)}")
@@ -187,9 +178,6 @@ def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_l
         raise ValueError(f"ref_logprobs is required when beta != 0 (beta = {beta})")
     if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
         raise ValueError(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}")
-    if importance_cap < 0 or (importance_cap > 0 and vllm_logprobs is None):
-        raise ValueError(f"importance_cap must be 0 (off) or positive with vllm_logprobs given, "
-                         f"got {importance_cap}")
     for name, total in (("total_sequences", total_sequences), ("total_tokens", total_tokens)):
         if total is not None and not total > 0:
             raise ValueError(f"{name} must be positive, got {total}")
@@ -206,13 +194,9 @@ def merge_metrics(parts: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:
     with the same op (SUM, MIN, MAX) before `summarize_metrics`.
     """
     parts = list(parts)
-    if not parts:
-        raise ValueError("merge_metrics needs at least one metrics dict")
     combine = {"sum": torch.sum, "min": torch.amin, "max": torch.amax}
-    return {
-        key: combine[op](torch.stack([part[key].detach() for part in parts]))
-        for key, op in METRIC_REDUCTIONS.items()
-    }
+    return {key: combine[op](torch.stack([part[key].detach() for part in parts]))
+            for key, op in METRIC_REDUCTIONS.items()}
 
 
 def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
@@ -225,10 +209,8 @@ def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
     """
     tokens = float(totals["tokens"])
     if tokens == 0:
-        return dict.fromkeys(
-            ("loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
-             "loss/importance_mean", "loss/importance_capped_frac"), 0.0
-        )
+        return dict.fromkeys(("loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
+                              "loss/importance_mean", "loss/importance_capped_frac"), 0.0)
     return {
         "loss/kl": float(totals["kl_sum"]) / tokens,
         "loss/clip_frac": float(totals["clipped_tokens"]) / tokens,

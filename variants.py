@@ -18,7 +18,6 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace  # noqa: F401  (kept_sequences' example)
 
 import torch
 import torch.distributed as dist
@@ -150,6 +149,7 @@ def kept_sequences(advantages: Tensor, completions: list, group_size: int, *, ma
     `skip_zero_variance_groups` drops every sequence of a group whose `advantages` `(N,)` are all equal (only the KL
     would train). The dropped ones leave the mask and the loss's denominators.
 
+    >>> from types import SimpleNamespace
     >>> done = [SimpleNamespace(finish_reason=reason) for reason in ("stop", "stop", "length", "stop")]
     >>> kept_sequences(torch.tensor([0.0, 0.0, 1.0, -1.0]), done, 2, mask_truncated=True,
     ...                skip_zero_variance_groups=True)
@@ -245,6 +245,5 @@ class Variants:
 
     def rollout(self, rollout: Callable) -> Callable:
         """`rollout` itself, or wrapped in dynamic sampling when `dynamic_sampling_draws` > 0."""
-        if not self.dynamic_sampling_draws:
-            return rollout
-        return dynamic_sampling(rollout, self.dynamic_sampling_draws, self.zero_variance)
+        draws = self.dynamic_sampling_draws
+        return dynamic_sampling(rollout, draws, self.zero_variance) if draws else rollout
