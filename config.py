@@ -244,7 +244,7 @@ def _validate(path: Path, cfg: Config) -> None:
         if getattr(cfg, key) < 1:
             raise bad(key, "must be at least 1")
     for key in ("max_steps", "dynamic_sampling_draws", "sample_every", "save_every", "beta", "weight_decay",
-                "clip_eps_low", "clip_eps_high", "advantage_eps", "num_epochs", "temperature", "importance_cap",
+                "clip_eps_high", "advantage_eps", "num_epochs", "temperature", "importance_cap",
                 "max_minutes", "sync_tolerance", "lora_rank"):
         if getattr(cfg, key) < 0:
             raise bad(key, "must not be negative")
@@ -252,8 +252,9 @@ def _validate(path: Path, cfg: Config) -> None:
         raise bad("num_epochs", "with max_steps = 0 this must be positive")
     if not 0 < cfg.learning_rate < 1:
         raise bad("learning_rate", "must lie in (0, 1)")
-    if not 0 <= cfg.warmup_ratio < 1:
-        raise bad("warmup_ratio", "must lie in [0, 1)")
+    for key in ("warmup_ratio", "clip_eps_low", "lora_dropout"):
+        if not 0 <= getattr(cfg, key) < 1:
+            raise bad(key, "must lie in [0, 1)")
     if not 0 < cfg.top_p <= 1:
         raise bad("top_p", "must lie in (0, 1]")
     if bool(cfg.example_problem) != bool(cfg.example_response):
@@ -268,8 +269,6 @@ def _validate(path: Path, cfg: Config) -> None:
     for key in ("lora_alpha", "dist_timeout_minutes"):
         if not getattr(cfg, key) > 0:
             raise bad(key, "must be positive")
-    if not 0 <= cfg.lora_dropout < 1:
-        raise bad("lora_dropout", "must lie in [0, 1)")
     if not cfg.lora_target_modules or not all(isinstance(m, str) and m for m in cfg.lora_target_modules):
         raise bad("lora_target_modules", "must be a non-empty list of module names, e.g. [\"q_proj\", \"v_proj\"]")
     if len(cfg.adam_betas) != 2:

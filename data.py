@@ -293,13 +293,10 @@ def prepare_prompts(tokenizer: Any, rows: Sequence[dict], max_prompt_tokens: int
     # The chat template already writes every special token (BOS included where the model has one); letting the
     # tokenizer add its own would double them and make the count wrong.
     all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    kept: list[dict] = []
-    overflow: list[Overflow] = []
-    for index, (row, text, ids) in enumerate(zip(rows, texts, all_ids)):
-        if len(ids) > max_prompt_tokens:
-            overflow.append(Overflow(index=index, row_id=row.get("id"), num_tokens=len(ids)))
-        else:
-            kept.append({**row, "prompt": text, "prompt_ids": list(ids)})
+    kept = [{**row, "prompt": text, "prompt_ids": list(ids)} for row, text, ids in zip(rows, texts, all_ids)
+            if len(ids) <= max_prompt_tokens]
+    overflow = [Overflow(index=index, row_id=row.get("id"), num_tokens=len(ids))
+                for index, (row, ids) in enumerate(zip(rows, all_ids)) if len(ids) > max_prompt_tokens]
     lengths = [len(ids) for ids in all_ids]
     report = PromptReport(total=len(rows), kept=len(kept), max_prompt_tokens=max_prompt_tokens, on_overflow=on_overflow,
                           overflow=tuple(overflow), min_tokens=min(lengths), mean_tokens=sum(lengths) / len(lengths),

@@ -125,9 +125,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
     `max_completion_tokens`, `vllm_logprobs`, `importance_cap` are variants.py's. Returns `(loss, metrics)`: the
     0-d loss in float32 (float64 for float64 inputs) and the keys of `METRIC_REDUCTIONS`, detached.
     """
-    _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, clip_eps_low,
-                  clip_eps_high, total_sequences, total_tokens, aggregation=aggregation, ratio_level=ratio_level,
-                  surrogate_weight=surrogate_weight)
+    _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, total_sequences,
+                  total_tokens, aggregation=aggregation, ratio_level=ratio_level, surrogate_weight=surrogate_weight)
     # Work in at least float32: ratios of bf16 log-probabilities would be too coarse.
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     logp = logprobs.to(dtype)  # (N, T)
@@ -159,8 +158,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
     return loss, metrics
 
 
-def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, clip_eps_low,
-                  clip_eps_high, total_sequences, total_tokens, **pieces) -> None:
+def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, total_sequences,
+                  total_tokens, **pieces) -> None:
     """grpo_loss's arguments, with an error that names the one that is wrong."""
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (N, T), got shape {tuple(logprobs.shape)}")
@@ -176,8 +175,6 @@ def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_l
         raise ValueError(f"advantages must be (N,) = {(N,)}, got {tuple(advantages.shape)}")
     if ref_logprobs is None and beta != 0:
         raise ValueError(f"ref_logprobs is required when beta != 0 (beta = {beta})")
-    if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
-        raise ValueError(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}")
     for name, total in (("total_sequences", total_sequences), ("total_tokens", total_tokens)):
         if total is not None and not total > 0:
             raise ValueError(f"{name} must be positive, got {total}")
@@ -286,11 +283,8 @@ def token_logprobs(logits: Tensor, tokens: Tensor, chunk_size: int = 512) -> Ten
 
 
 def completion_logprobs(model, packed) -> Tensor:
-    """log π of every completion token of a packed micro-batch (training/packing.py): `(n, C)`, 0 on padding.
-
-    Only the T predicting positions go through the output head (`logits_to_keep` as indices), and `token_logprobs`
-    upcasts one chunk at a time, so no float32 `(T, V)` copy of the logits is ever made.
-    """
+    """log π of every completion token of a packed micro-batch (training/packing.py): `(n, C)`, 0 on padding. Only
+    the T predicting positions go through the output head (`logits_to_keep` as indices)."""
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
                    attention_mask=packed.attention_mask(model), logits_to_keep=packed.predictors,
                    use_cache=False).logits  # (1, T, V)

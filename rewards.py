@@ -15,8 +15,7 @@ The *answer span* of a text (`tags.answer_span`) is its first `<answer>...</answ
 stripped. Malformed input (not a list, a None text, a missing tag, a column of the wrong length) scores 0.0 for
 the samples concerned, and shape errors are counted in `REWARD_ISSUES`; an exception from a reward's own code is a
 bug and stops the run. `DEBUG_MODE=true` logs accuracy and influence per sample, as the original does (`LOG_PATH`,
-else the run folder). `r1_zero_reward_fn` is understand-r1-zero's (arXiv 2503.20783): format gate, `\\boxed`
-extraction, `r1_grader.r1_grade`.
+else the run folder).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from grading.tags import answer_span, tag_content
 logger = logging.getLogger(__name__)
 
 # Counted problems, keyed "<reward>/malformed" (input not in the documented shape) and "debug_log/error" (the
-# DEBUG_MODE log could not be written). The trainer logs their sum per step as `reward/issues`; tests assert on them.
+# DEBUG_MODE log could not be written). The trainer logs their sum per step as `reward/issues`.
 REWARD_ISSUES: Counter[str] = Counter()
 
 
@@ -153,11 +152,8 @@ def _has_format(text: str) -> bool:
 
 
 def format_reward(completions: list, **kwargs: Any) -> list[float]:
-    """1.0 iff the text, outer whitespace stripped, is exactly think, long answer, answer blocks.
-
-    Only whitespace may separate the blocks; tags are case-sensitive.
-    Differs from CANOE (docs/differences.md, D5): the format check strips outer whitespace first.
-    """
+    """1.0 iff the text is exactly think, long answer, answer blocks, only whitespace between them (tags are
+    case-sensitive). Differs from CANOE (docs/differences.md, D5): the outer whitespace is stripped first."""
     entries = _entries(completions, "format")
     if entries is None:
         return []
@@ -251,8 +247,8 @@ REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
 
 def r1_zero_reward_fn(response: str, ground_truth: str | int | float | list[str], fast: bool = True,
                       grader: MathGrader | None = None) -> dict[str, float]:
-    """R1-Zero reward (understand-r1-zero's `r1_zero_reward_fn`; docs/DESIGN.md, "The R1-Zero math reward"):
-    a strict format gate, then a math grade.
+    """R1-Zero reward (understand-r1-zero's `r1_zero_reward_fn`, arXiv 2503.20783; docs/DESIGN.md, "The R1-Zero
+    math reward"): a strict format gate, then a math grade.
 
     1. `response` must contain `</think> <answer>` (one space) and `</answer>`, else all three values are 0.0.
     2. The answer is the text after the last `<answer>`, with `</answer>` removed.

@@ -43,11 +43,9 @@ def extract_long_answer(text: str | None) -> str | None:
 
 def substitute_context(problem: str | None, long_answer: str) -> str | None:
     """Replace the content of the first `<context>…</context>` block of `problem` with `long_answer`
-    (`tags.replace_content`, the block data.py checked).
-
-    The long answer is inserted literally: no regex escapes and no backreference expansion. None when the
-    problem has no context block.
-    Differs from CANOE (docs/differences.md, D6): the long answer is inserted literally into the stage-2 prompt.
+    (`tags.replace_content`, the block data.py checked); None when the problem has no context block.
+    Differs from CANOE (docs/differences.md, D6): the long answer is inserted literally (no regex escapes, no
+    backreference expansion).
 
     >>> substitute_context("<context>old</context>\\n\\nQ?", r"a.b \\1 c")
     '<context>a.b \\\\1 c</context>\\n\\nQ?'
