@@ -423,9 +423,7 @@ def exact_match(prediction: Any, gold: str | Iterable[str], contains: bool = Fal
         gold_words = normalize_answer(candidate).split()
         if not gold_words or (negated and not _has_negation(candidate)):
             continue
-        if not contains and words == gold_words:
-            return True
-        n = len(gold_words)
-        if contains and any(words[i : i + n] == gold_words for i in range(len(words) - n + 1)):
+        n = len(gold_words)  # with `contains`, equal words are a contiguous run too
+        if words == gold_words or (contains and any(words[i : i + n] == gold_words for i in range(len(words) - n + 1))):
             return True
     return False

@@ -185,11 +185,7 @@ def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_l
 
 
 def merge_metrics(parts: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """Combine the metrics of several `grpo_loss` calls (micro-batches) with the ops of `METRIC_REDUCTIONS`.
-
-    Returns new 0-d tensors; the inputs are not modified. Across ranks, all-reduce each key of the result
-    with the same op (SUM, MIN, MAX) before `summarize_metrics`.
-    """
+    """The metrics of several `grpo_loss` calls (micro-batches) combined by `METRIC_REDUCTIONS`, as new 0-d tensors."""
     parts = list(parts)
     combine = {"sum": torch.sum, "min": torch.amin, "max": torch.amax}
     return {key: combine[op](torch.stack([part[key].detach() for part in parts]))
@@ -197,13 +193,8 @@ def merge_metrics(parts: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:
 
 
 def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
-    """Turn merged metrics into the logged values, each a mean over all trained tokens of the step.
-
-    Keys: `loss/kl` (mean k3 KL), `loss/clip_frac` (fraction of tokens whose surrogate was clipped),
-    `loss/ratio_mean`, `loss/ratio_min`, `loss/ratio_max` (of ρ = π_θ / π_old), `loss/importance_mean` (mean
-    weight w, 1 when the sampler correction is off) and `loss/importance_capped_frac` (share of tokens capped).
-    With no trained token at all, every value is 0.0 rather than NaN or ±inf.
-    """
+    """The logged values of merged metrics (`METRIC_REDUCTIONS` says what each sums): the means over the step's
+    trained tokens, and ρ's extremes; all 0.0, rather than NaN or ±inf, when no token was trained."""
     tokens = float(totals["tokens"])
     if tokens == 0:
         return dict.fromkeys(("loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",

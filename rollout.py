@@ -25,8 +25,7 @@ from plumbing import weight_sync
 from grading.tags import replace_content, tag_content
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Stage-2 prompt construction (pure)
+# --- Stage-2 prompt construction (pure) ---------------------------------------------------------------------------
 
 
 def extract_long_answer(text: str | None) -> str | None:
@@ -53,8 +52,7 @@ def substitute_context(problem: str | None, long_answer: str) -> str | None:
     return replace_content(problem, "context", long_answer) if isinstance(problem, str) else None
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Sampling
+# --- Sampling -----------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
