@@ -18,13 +18,12 @@ from __future__ import annotations
 
 from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
-import dataclasses
 import math
 import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +76,7 @@ class Run:
     step: int = 0
     bad_steps_in_a_row: int = 0
     bad_steps_total: int = 0
-    times: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per phase of the current step
+    times: dict[str, float] = field(default_factory=dict)  # seconds per phase of the current step
     last_step: Any = None  # the latest Step, for samples.jsonl
 
 

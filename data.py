@@ -83,11 +83,9 @@ def load_jsonl(path: str | Path) -> list[dict]:
     path, raw = _read_bytes(path)
     # bytes.splitlines splits on \\n, \\r\\n and \\r only; str.splitlines would also split inside JSON strings at
     # U+2028 and similar characters, which JSON allows unescaped.
-    lines = raw.splitlines()
+    lines = raw.removeprefix(b"\xef\xbb\xbf").splitlines()  # without the UTF-8 byte-order mark some editors write
     while lines and not lines[-1].strip():
         lines.pop()
-    if lines and lines[0].startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark some editors write
-        lines[0] = lines[0][3:]
     if not lines:
         raise DataError(f"{path}: no records (the file is empty or only blank lines)")
     parsed = [_parse_line(line) for line in lines]  # (record, reason it is bad or None)

@@ -166,9 +166,8 @@ def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_l
     N, T = logprobs.shape
     if N == 0 or T == 0:
         raise ValueError(f"empty batch: logprobs has shape {tuple(logprobs.shape)}")
-    tensors = (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs), ("mask", mask),
-               ("vllm_logprobs", vllm_logprobs))
-    for name, tensor in tensors:
+    for name, tensor in (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs), ("mask", mask),
+                         ("vllm_logprobs", vllm_logprobs)):
         if tensor is not None and tensor.shape != (N, T):
             raise ValueError(f"{name} must have the shape of logprobs {(N, T)}, got {tuple(tensor.shape)}")
     if advantages.shape != (N,):

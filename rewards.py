@@ -112,9 +112,8 @@ def accuracy_reward(completions: list, solution: list, grader: MathGrader | None
     """1.0 if the completion's answer span equals the solution's, as a string or mathematically, else 0.0.
 
     Differs from CANOE (docs/differences.md, D1): only the answer spans are graded, gold first (`verify(gold, pred)`).
-    Mathematical equivalence comes from `grader` (a `grader.MathGrader`: parallel worker processes, hard
-    per-sample deadline, timed-out samples fall back to string match); without one, the process-wide
-    `grader.default_grader()` (2 workers, 1 s) is created on first use.
+    Mathematical equivalence comes from `grader` (a `grader.MathGrader`, hard per-sample deadline, timed-out samples
+    fall back to string match), else from the process-wide `grader.default_grader()`, created on first use.
     """
     entries = _entries(completions, "accuracy")
     if entries is None:

@@ -118,12 +118,11 @@ def make_engine(model_path: str, *, dtype: str, seed: int, max_model_len: int, g
 
 def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, temperature: float, top_p: float,
             max_tokens: int, lora_request=None, prefix: str = "") -> list[Completion]:
-    """`n` samples per prompt, prompt-major: len(prompts)·n completions, drawn from `seed` alone: on CUDA each
-    prompt's request carries its own seed (`prompt_seed`), on the CPU vLLM samples with this process's torch
-    generator, seeded for the call (the trainer's own stream saved and restored around it; `seeds_per_request`).
-    `lora_request` names the adapter the engine applies (plumbing/lora.py, `AdapterPush`), None for plain weights.
-    `prefix` (the response prefix, which ends the prompt) is put back in front of each text: the rewards judge the
-    whole answer.
+    """`n` samples per prompt, prompt-major: len(prompts)·n completions, drawn from `seed` alone (on CUDA each
+    prompt's request carries `prompt_seed`, on the CPU torch's generator is seeded for the call and the trainer's
+    stream restored after it). `lora_request` names the adapter the engine applies (plumbing/lora.py,
+    `AdapterPush`), None for plain weights; `prefix` (the response prefix, which ends the prompt) is put back in
+    front of each text, since the rewards judge the whole answer.
     """
     settings = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
     if seeds_per_request():
