@@ -2,30 +2,28 @@
 
     deepspeed canoe.py --config config.toml              # train (1 rank on a CPU, one rank per GPU otherwise)
     deepspeed canoe.py --config config.toml --resume     # continue from the run's latest checkpoint
-    deepspeed canoe.py --config config.toml --verbose    # vLLM's log on the terminal too (always in OUTPUT_DIR/vllm.log)
+    deepspeed canoe.py --config config.toml --verbose    # vLLM's log on the terminal (and in OUTPUT_DIR/vllm.log)
     python canoe.py --config config.toml --eval [--model DIR] [--eval-file F]   # greedy faithfulness evaluation
     python canoe.py --eval --suite confiqa --eval-file F [--predictions P]      # a paper benchmark
     python canoe.py --describe-config                    # every config key with its meaning and default
     python canoe.py --config config.toml --plan-memory   # the memory plan per GPU (training/cli.py)
 
-`train_step` is CANOE's step (arXiv 2505.16483) in six numbered steps; every quantity of its equations is computed
-in this file, rollout.py, rewards.py, grpo_loss.py or variants.py, at most two calls below it (README, "Reading
-order"). The machinery (timing, metrics, the weight push and its proof, checkpoints, the command line) lives in
-training/ and plumbing/, each reached by one call. Each deliberate difference from the original CANOE code names
-its entry of docs/differences.md where it happens.
+`train_step` is CANOE's step (arXiv 2505.16483) in six numbered steps, each quantity of its equations at most two
+calls below it (README, "Reading order"); the machinery (timing, metrics, the weight push, checkpoints, the command
+line) lives in training/ and plumbing/, one call each. Each deliberate difference from the original CANOE code
+names its entry of docs/differences.md where it happens.
 """
 
 from __future__ import annotations
 
 from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
-import dataclasses
 import math
 import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +50,7 @@ from training.push import WeightPush
 from training.scoring import reward_counts, reward_metrics
 
 
-# ==============================================================================================================
-# Set-up: distributed, models, DeepSpeed, vLLM, data
-# ==============================================================================================================
+# === Set-up: distributed, models, DeepSpeed, vLLM, data ===========================================================
 
 
 @dataclass
@@ -80,7 +76,7 @@ class Run:
     step: int = 0
     bad_steps_in_a_row: int = 0
     bad_steps_total: int = 0
-    times: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per phase of the current step
+    times: dict[str, float] = field(default_factory=dict)  # seconds per phase of the current step
     last_step: Any = None  # the latest Step, for samples.jsonl
 
 
@@ -185,9 +181,7 @@ def restore(run: Run) -> None:
     print0(f"resumed from {path} at step {run.step}")
 
 
-# ==============================================================================================================
-# The training step
-# ==============================================================================================================
+# === The training step ============================================================================================
 
 
 def train_step(run: Run) -> Step:
@@ -264,8 +258,7 @@ class Batch:
 
 
 def micro_batches(run: Run, batch: rollout.Rollout, advantages: torch.Tensor, kept: torch.Tensor) -> list[Batch]:
-    """Micro-batches of prompts_per_device prompts, each packed into one row with every prompt once
-    (training/packing.py)."""
+    """Micro-batches of prompts_per_device prompts, each packed into one row with every prompt once (packing.py)."""
     M, G = run.cfg.sequences_per_micro_batch, run.cfg.num_generations
     batches = []
     for start in range(0, len(batch.completions), M):
@@ -339,12 +332,9 @@ def update(run: Run, batches: list[Batch], totals: dict[str, float] | None) -> l
 
 
 def skip_or_stop_on_bad_step(run: Run, losses: list[torch.Tensor]) -> None:
-    """Count a step whose update DeepSpeed skipped, and stop when `max_bad_steps` come in a row.
-
-    DeepSpeed skips an update with non-finite gradients without a word (and then `was_step_applied()` is False
-    and the LR schedule stalls). A finite loss can have non-finite gradients, so the skip is read from the engine,
-    reduced over ranks with the loss check.
-    """
+    """Count a step whose update DeepSpeed skipped, and stop when `max_bad_steps` come in a row. DeepSpeed skips an
+    update with non-finite gradients without a word, and a finite loss can have them: the skip is read from the
+    engine (`was_step_applied()`), reduced over ranks with the loss check."""
     skipped = not run.engine.was_step_applied()
     nonfinite = float(not all(bool(torch.isfinite(loss)) for loss in losses))
     bad_loss, bad_update = all_reduce_values([nonfinite, float(skipped)], op=dist.ReduceOp.MAX)  # every rank first
@@ -364,9 +354,7 @@ def skip_or_stop_on_bad_step(run: Run, losses: list[torch.Tensor]) -> None:
                            f"learning rate or check the data.")
 
 
-# ==============================================================================================================
-# The loop
-# ==============================================================================================================
+# === The loop =====================================================================================================
 
 
 def run_step(run: Run) -> dict[str, float]:

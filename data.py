@@ -1,10 +1,7 @@
 """Data for CANOE's Dual-GRPO: loading training rows, rendering prompts, per-rank batching, answer matching.
 
 A training row is `{"problem": "<context>…</context>\\n\\nQuestion", "solution": "<answer>…</answer>", ...}`;
-extra fields are kept and reach the reward functions as keyword arguments. `load_dataset` reads .jsonl, .json,
-.parquet and `datasets` folders; every bad line or row is one DataError naming file, line (or row) and reason, and
-nothing is skipped. `prepare_prompts` renders prompts with the chat template and never truncates one. `PromptSampler`
-gives each rank a disjoint slice of every global batch and resumes exactly. `exact_match` is the answer match of
+extra fields are kept and reach the reward functions as keyword arguments. `exact_match` is the answer match of
 the synthetic evaluation and of `faithfulness/em`. Evaluation sets in other shapes are evaluation/loaders.py's.
 
     python -m synthetic.synth --out data/synth                  # the synthetic training data (synthetic/synth.py)
@@ -86,22 +83,15 @@ def load_jsonl(path: str | Path) -> list[dict]:
     path, raw = _read_bytes(path)
     # bytes.splitlines splits on \\n, \\r\\n and \\r only; str.splitlines would also split inside JSON strings at
     # U+2028 and similar characters, which JSON allows unescaped.
-    lines = raw.splitlines()
+    lines = raw.removeprefix(b"\xef\xbb\xbf").splitlines()  # without the UTF-8 byte-order mark some editors write
     while lines and not lines[-1].strip():
         lines.pop()
-    if lines and lines[0].startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark some editors write
-        lines[0] = lines[0][3:]
     if not lines:
         raise DataError(f"{path}: no records (the file is empty or only blank lines)")
-    records, errors = [], []
-    for number, line in enumerate(lines, start=1):
-        record, reason = _parse_line(line)
-        if reason is None:
-            records.append(record)
-        else:
-            errors.append(f"{path}:{number}: {reason}")
-    raise_collected(path, errors, "line(s)")
-    return records
+    parsed = [_parse_line(line) for line in lines]  # (record, reason it is bad or None)
+    raise_collected(path, [f"{path}:{number}: {reason}" for number, (_, reason) in enumerate(parsed, 1) if reason],
+                    "line(s)")
+    return [record for record, _ in parsed]
 
 
 def _parse_line(line: bytes) -> tuple[Any, str | None]:
@@ -179,7 +169,8 @@ def read_json_list(path: str | Path) -> list:
 
 
 def load_dataset(path: str | Path) -> list[dict]:
-    """Checked training rows ({problem, solution, ...}) from a .jsonl, .json (a list), .parquet or `datasets` folder.
+    """Checked training rows ({problem, solution, ...}) from a .jsonl, .json (a list), .parquet or `datasets` folder;
+    every bad line or row is named in one DataError, none skipped.
 
     CANOE's own `final_10k.jsonl` loads as it is: its `message` column is an ordinary extra field, since stage 2
     builds its prompt from `problem` (rollout.substitute_context).
@@ -227,11 +218,8 @@ OVERFLOW_RULES = ("drop", "error")
 def build_messages(problem: str, system_prompt: str = SYSTEM_PROMPT, example: Sequence[str] = ()) -> list[dict]:
     """The chat for one prompt: the system prompt, the worked example's two turns when `example` is a (problem,
     response) pair, then the problem as the user message."""
-    chat = [{"role": "system", "content": system_prompt}]
-    if example:
-        example_problem, example_response = example
-        chat += [{"role": "user", "content": example_problem}, {"role": "assistant", "content": example_response}]
-    return chat + [{"role": "user", "content": problem}]
+    turns = [("system", system_prompt), *zip(("user", "assistant"), example), ("user", problem)]
+    return [{"role": role, "content": content} for role, content in turns]
 
 
 def render_prompt(tokenizer: Any, problem: str, system_prompt: str = SYSTEM_PROMPT, response_prefix: str = "",
@@ -303,13 +291,10 @@ def prepare_prompts(tokenizer: Any, rows: Sequence[dict], max_prompt_tokens: int
     # The chat template already writes every special token (BOS included where the model has one); letting the
     # tokenizer add its own would double them and make the count wrong.
     all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    kept: list[dict] = []
-    overflow: list[Overflow] = []
-    for index, (row, text, ids) in enumerate(zip(rows, texts, all_ids)):
-        if len(ids) > max_prompt_tokens:
-            overflow.append(Overflow(index=index, row_id=row.get("id"), num_tokens=len(ids)))
-        else:
-            kept.append({**row, "prompt": text, "prompt_ids": list(ids)})
+    kept = [{**row, "prompt": text, "prompt_ids": list(ids)} for row, text, ids in zip(rows, texts, all_ids)
+            if len(ids) <= max_prompt_tokens]
+    overflow = [Overflow(index=index, row_id=row.get("id"), num_tokens=len(ids))
+                for index, (row, ids) in enumerate(zip(rows, all_ids)) if len(ids) > max_prompt_tokens]
     lengths = [len(ids) for ids in all_ids]
     report = PromptReport(total=len(rows), kept=len(kept), max_prompt_tokens=max_prompt_tokens, on_overflow=on_overflow,
                           overflow=tuple(overflow), min_tokens=min(lengths), mean_tokens=sum(lengths) / len(lengths),
@@ -350,8 +335,7 @@ class PromptSampler:
         if self.steps_per_epoch == 0:
             raise ValueError(f"{num_rows} rows cannot fill one global batch of {self.global_batch_size} "
                              f"(batch_size {batch_size} x world_size {world_size})")
-        self.epoch = 0
-        self.position = 0
+        self.epoch = self.position = 0
 
     def epoch_order(self, epoch: int) -> list[int]:
         """The permutation of row indices for `epoch` (the same on every rank)."""
@@ -413,9 +397,7 @@ def normalize_answer(text: str) -> str:
 
 
 def _has_negation(text: str) -> bool:
-    if _CONTRACTION_RE.search(text.lower()):
-        return True
-    return any(word in NEGATION_WORDS for word in normalize_answer(text).split())
+    return bool(_CONTRACTION_RE.search(text.lower())) or not NEGATION_WORDS.isdisjoint(normalize_answer(text).split())
 
 
 def exact_match(prediction: Any, gold: str | Iterable[str], contains: bool = False) -> bool:
@@ -439,9 +421,7 @@ def exact_match(prediction: Any, gold: str | Iterable[str], contains: bool = Fal
         gold_words = normalize_answer(candidate).split()
         if not gold_words or (negated and not _has_negation(candidate)):
             continue
-        if not contains and words == gold_words:
-            return True
-        n = len(gold_words)
-        if contains and any(words[i : i + n] == gold_words for i in range(len(words) - n + 1)):
+        n = len(gold_words)  # with `contains`, equal words are a contiguous run too
+        if words == gold_words or (contains and any(words[i : i + n] == gold_words for i in range(len(words) - n + 1))):
             return True
     return False

@@ -62,14 +62,9 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4, std: s
     if group_size < 2:
         raise ValueError(f"group_size must be at least 2 to compare samples within a group, got {group_size}")
     if rewards.numel() % group_size != 0:
-        raise ValueError(
-            f"the number of rewards ({rewards.numel()}) is not a multiple of group_size ({group_size})"
-        )
+        raise ValueError(f"the number of rewards ({rewards.numel()}) is not a multiple of group_size ({group_size})")
     if std not in ADVANTAGE_STDS:
         raise ValueError(f"std must be one of {ADVANTAGE_STDS}, got {std!r}")
-    if eps < 0:
-        raise ValueError(f"eps must be non-negative, got {eps}")
-
     values = rewards if rewards.is_floating_point() else rewards.to(torch.float32)
     grouped = values.reshape(-1, group_size)  # (B, G)
     mean = grouped.mean(dim=1, keepdim=True)  # (B, 1)
@@ -90,9 +85,6 @@ def zero_variance_groups(values: Tensor, group_size: int) -> Tensor:
     >>> zero_variance_groups(torch.tensor([1.0, 1.0, 0.0, 2.0]), group_size=2)
     tensor([ True, False])
     """
-    if values.dim() < 1 or group_size < 1 or len(values) % group_size != 0:
-        raise ValueError(f"values must be (N, ...) with N a multiple of group_size, got {tuple(values.shape)}, "
-                         f"group_size {group_size}")
     grouped = values.reshape(-1, group_size, *values.shape[1:])  # (B, G, ...)
     return grouped.amax(dim=1) == grouped.amin(dim=1)  # (B, ...)
 
@@ -122,8 +114,7 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
               max_completion_tokens: int | None = None, vllm_logprobs: Tensor | None = None,
               importance_cap: float = 0.0, aggregation: Callable[..., Tensor] = seq_mean_token_mean,
               ratio_level: Callable[..., Tensor] = token_log_ratio,
-              surrogate_weight: Callable[..., tuple[Tensor, Tensor]] = unit_weight,
-              ) -> tuple[Tensor, dict[str, Tensor]]:
+              surrogate_weight: Callable[..., tuple[Tensor, Tensor]] = unit_weight) -> tuple[Tensor, dict[str, Tensor]]:
     """CANOE's clipped GRPO loss with a β-weighted k3 KL penalty (the module docstring's equations).
 
     `logprobs` `(N, T)`: log π_θ of the sampled tokens, the only input with a gradient; `old_logprobs` and
@@ -134,9 +125,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
     `max_completion_tokens`, `vllm_logprobs`, `importance_cap` are variants.py's. Returns `(loss, metrics)`: the
     0-d loss in float32 (float64 for float64 inputs) and the keys of `METRIC_REDUCTIONS`, detached.
     """
-    _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, clip_eps_low,
-                  clip_eps_high, total_sequences, total_tokens, importance_cap,
-                  aggregation=aggregation, ratio_level=ratio_level, surrogate_weight=surrogate_weight)
+    _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, total_sequences,
+                  total_tokens, aggregation=aggregation, ratio_level=ratio_level, surrogate_weight=surrogate_weight)
     # Work in at least float32: ratios of bf16 log-probabilities would be too coarse.
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
     logp = logprobs.to(dtype)  # (N, T)
@@ -168,28 +158,22 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
     return loss, metrics
 
 
-def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, clip_eps_low,
-                  clip_eps_high, total_sequences, total_tokens, importance_cap, **pieces) -> None:
+def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, total_sequences,
+                  total_tokens, **pieces) -> None:
     """grpo_loss's arguments, with an error that names the one that is wrong."""
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (N, T), got shape {tuple(logprobs.shape)}")
     N, T = logprobs.shape
     if N == 0 or T == 0:
         raise ValueError(f"empty batch: logprobs has shape {tuple(logprobs.shape)}")
-    tensors = (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs), ("mask", mask),
-               ("vllm_logprobs", vllm_logprobs))
-    for name, tensor in tensors:
+    for name, tensor in (("old_logprobs", old_logprobs), ("ref_logprobs", ref_logprobs), ("mask", mask),
+                         ("vllm_logprobs", vllm_logprobs)):
         if tensor is not None and tensor.shape != (N, T):
             raise ValueError(f"{name} must have the shape of logprobs {(N, T)}, got {tuple(tensor.shape)}")
     if advantages.shape != (N,):
         raise ValueError(f"advantages must be (N,) = {(N,)}, got {tuple(advantages.shape)}")
     if ref_logprobs is None and beta != 0:
         raise ValueError(f"ref_logprobs is required when beta != 0 (beta = {beta})")
-    if not 0 <= clip_eps_low < 1 or clip_eps_high < 0:
-        raise ValueError(f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got {clip_eps_low}, {clip_eps_high}")
-    if importance_cap < 0 or (importance_cap > 0 and vllm_logprobs is None):
-        raise ValueError(f"importance_cap must be 0 (off) or positive with vllm_logprobs given, "
-                         f"got {importance_cap}")
     for name, total in (("total_sequences", total_sequences), ("total_tokens", total_tokens)):
         if total is not None and not total > 0:
             raise ValueError(f"{name} must be positive, got {total}")
@@ -200,35 +184,20 @@ def _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_l
 
 
 def merge_metrics(parts: Iterable[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """Combine the metrics of several `grpo_loss` calls (micro-batches) with the ops of `METRIC_REDUCTIONS`.
-
-    Returns new 0-d tensors; the inputs are not modified. Across ranks, all-reduce each key of the result
-    with the same op (SUM, MIN, MAX) before `summarize_metrics`.
-    """
+    """The metrics of several `grpo_loss` calls (micro-batches) combined by `METRIC_REDUCTIONS`, as new 0-d tensors."""
     parts = list(parts)
-    if not parts:
-        raise ValueError("merge_metrics needs at least one metrics dict")
     combine = {"sum": torch.sum, "min": torch.amin, "max": torch.amax}
-    return {
-        key: combine[op](torch.stack([part[key].detach() for part in parts]))
-        for key, op in METRIC_REDUCTIONS.items()
-    }
+    return {key: combine[op](torch.stack([part[key].detach() for part in parts]))
+            for key, op in METRIC_REDUCTIONS.items()}
 
 
 def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
-    """Turn merged metrics into the logged values, each a mean over all trained tokens of the step.
-
-    Keys: `loss/kl` (mean k3 KL), `loss/clip_frac` (fraction of tokens whose surrogate was clipped),
-    `loss/ratio_mean`, `loss/ratio_min`, `loss/ratio_max` (of ρ = π_θ / π_old), `loss/importance_mean` (mean
-    weight w, 1 when the sampler correction is off) and `loss/importance_capped_frac` (share of tokens capped).
-    With no trained token at all, every value is 0.0 rather than NaN or ±inf.
-    """
+    """The logged values of merged metrics (`METRIC_REDUCTIONS` says what each sums): the means over the step's
+    trained tokens, and ρ's extremes; all 0.0, rather than NaN or ±inf, when no token was trained."""
     tokens = float(totals["tokens"])
     if tokens == 0:
-        return dict.fromkeys(
-            ("loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
-             "loss/importance_mean", "loss/importance_capped_frac"), 0.0
-        )
+        return dict.fromkeys(("loss/kl", "loss/clip_frac", "loss/ratio_mean", "loss/ratio_min", "loss/ratio_max",
+                              "loss/importance_mean", "loss/importance_capped_frac"), 0.0)
     return {
         "loss/kl": float(totals["kl_sum"]) / tokens,
         "loss/clip_frac": float(totals["clipped_tokens"]) / tokens,
@@ -304,11 +273,8 @@ def token_logprobs(logits: Tensor, tokens: Tensor, chunk_size: int = 512) -> Ten
 
 
 def completion_logprobs(model, packed) -> Tensor:
-    """log π of every completion token of a packed micro-batch (training/packing.py): `(n, C)`, 0 on padding.
-
-    Only the T predicting positions go through the output head (`logits_to_keep` as indices), and `token_logprobs`
-    upcasts one chunk at a time, so no float32 `(T, V)` copy of the logits is ever made.
-    """
+    """log π of every completion token of a packed micro-batch (training/packing.py): `(n, C)`, 0 on padding. Only
+    the T predicting positions go through the output head (`logits_to_keep` as indices)."""
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
                    attention_mask=packed.attention_mask(model), logits_to_keep=packed.predictors,
                    use_cache=False).logits  # (1, T, V)

@@ -15,8 +15,7 @@ The *answer span* of a text (`tags.answer_span`) is its first `<answer>...</answ
 stripped. Malformed input (not a list, a None text, a missing tag, a column of the wrong length) scores 0.0 for
 the samples concerned, and shape errors are counted in `REWARD_ISSUES`; an exception from a reward's own code is a
 bug and stops the run. `DEBUG_MODE=true` logs accuracy and influence per sample, as the original does (`LOG_PATH`,
-else the run folder). `r1_zero_reward_fn` is understand-r1-zero's (arXiv 2503.20783): format gate, `\\boxed`
-extraction, `r1_grader.r1_grade`.
+else the run folder).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from grading.tags import answer_span, tag_content
 logger = logging.getLogger(__name__)
 
 # Counted problems, keyed "<reward>/malformed" (input not in the documented shape) and "debug_log/error" (the
-# DEBUG_MODE log could not be written). The trainer logs their sum per step as `reward/issues`; tests assert on them.
+# DEBUG_MODE log could not be written). The trainer logs their sum per step as `reward/issues`.
 REWARD_ISSUES: Counter[str] = Counter()
 
 
@@ -87,9 +86,8 @@ def _column(values: Any, n: int, reward: str, name: str) -> list[Any]:
 # ------------------------------------------------------------------------------------------------ debug log
 
 
-def _debug_log(
-    file_name: str, header: str, rewards: list[float], contents: list, solutions: list, log_dir: Any
-) -> None:
+def _debug_log(file_name: str, header: str, rewards: list[float], contents: list, solutions: list,
+               log_dir: Any) -> None:
     """Append one block per sample when DEBUG_MODE=true (the original's debug log). A log that cannot be written is
     counted and logged, not raised: it is a diagnostic, not part of the reward."""
     if os.environ.get("DEBUG_MODE") != "true":
@@ -109,34 +107,24 @@ def _debug_log(
 # ------------------------------------------------------------------------------------------------ rewards
 
 
-def accuracy_reward(
-    completions: list, solution: list, grader: MathGrader | None = None, log_dir: str | None = None, **kwargs: Any
-) -> list[float]:
+def accuracy_reward(completions: list, solution: list, grader: MathGrader | None = None, log_dir: str | None = None,
+                    **kwargs: Any) -> list[float]:
     """1.0 if the completion's answer span equals the solution's, as a string or mathematically, else 0.0.
 
     Differs from CANOE (docs/differences.md, D1): only the answer spans are graded, gold first (`verify(gold, pred)`).
-    Mathematical equivalence comes from `grader` (a `grader.MathGrader`: parallel worker processes, hard
-    per-sample deadline, timed-out samples fall back to string match); without one, the process-wide
-    `grader.default_grader()` (2 workers, 1 s) is created on first use.
+    Mathematical equivalence comes from `grader` (a `grader.MathGrader`, hard per-sample deadline, timed-out samples
+    fall back to string match), else from the process-wide `grader.default_grader()`, created on first use.
     """
     entries = _entries(completions, "accuracy")
     if entries is None:
         return []
     texts = _texts(entries, "accuracy")
     solutions = _column(solution, len(texts), "accuracy", "solution")
-    golds: list[str] = []
-    preds: list[str] = []
-    graded: list[int] = []  # indices of samples with both a text and a string solution
-    for i, (text, gold) in enumerate(zip(texts, solutions)):
-        if text is None or not isinstance(gold, str):
-            continue
-        golds.append(answer_span(gold))
-        preds.append(answer_span(text))
-        graded.append(i)
+    graded = [i for i, (text, gold) in enumerate(zip(texts, solutions)) if text is not None and isinstance(gold, str)]
+    golds, preds = [answer_span(solutions[i]) for i in graded], [answer_span(texts[i]) for i in graded]
     verdicts = (grader or default_grader()).equivalent_batch(golds, preds) if graded else []
-    rewards = [0.0] * len(texts)
-    for i, same in zip(graded, verdicts):
-        rewards[i] = 1.0 if same else 0.0
+    verdict = dict(zip(graded, verdicts))
+    rewards = [1.0 if verdict.get(i) else 0.0 for i in range(len(texts))]
     _debug_log("accuracy_reward.log", "Accuracy reward", rewards, texts, solutions, log_dir)
     return rewards
 
@@ -163,20 +151,16 @@ def _has_format(text: str) -> bool:
 
 
 def format_reward(completions: list, **kwargs: Any) -> list[float]:
-    """1.0 iff the text, outer whitespace stripped, is exactly think, long answer, answer blocks.
-
-    Only whitespace may separate the blocks; tags are case-sensitive.
-    Differs from CANOE (docs/differences.md, D5): the format check strips outer whitespace first.
-    """
+    """1.0 iff the text is exactly think, long answer, answer blocks, only whitespace between them (tags are
+    case-sensitive). Differs from CANOE (docs/differences.md, D5): the outer whitespace is stripped first."""
     entries = _entries(completions, "format")
     if entries is None:
         return []
     return [1.0 if text is not None and _has_format(text.strip()) else 0.0 for text in _texts(entries, "format")]
 
 
-def influence_reward(
-    completions: list, solution: list, completions_long_answer: list, log_dir: str | None = None, **kwargs: Any
-) -> list[float]:
+def influence_reward(completions: list, solution: list, completions_long_answer: list, log_dir: str | None = None,
+                     **kwargs: Any) -> list[float]:
     """1.0 iff the stage-2 completion's answer span equals the solution's answer span, as strings.
 
     `completions_long_answer[i]` is the completion regenerated from sample i's long answer in place of the
@@ -188,15 +172,12 @@ def influence_reward(
     n = len(entries)
     stage2 = _column(completions_long_answer, n, "influence", "completions_long_answer")
     solutions = _column(solution, n, "influence", "solution")
-    contents: list[str | None] = []
-    rewards: list[float] = []
-    for regenerated, gold in zip(stage2, solutions):
-        text = None if regenerated is None else _completion_text(regenerated)
+    contents = [None if regenerated is None else _completion_text(regenerated) for regenerated in stage2]
+    for regenerated, text in zip(stage2, contents):
         if regenerated is not None and text is None:
             _note("influence/malformed", "a stage-2 completion is not a list of messages with a string 'content'")
-        contents.append(text)
-        same = text is not None and isinstance(gold, str) and answer_span(text) == answer_span(gold)
-        rewards.append(1.0 if same else 0.0)
+    rewards = [1.0 if text is not None and isinstance(gold, str) and answer_span(text) == answer_span(gold) else 0.0
+               for text, gold in zip(contents, solutions)]
     _debug_log("influence_accuracy_reward.log", "influence_Accuracy reward", rewards, contents, solutions, log_dir)
     return rewards
 
@@ -263,11 +244,10 @@ REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
 # ------------------------------------------------------------------------------------------------ R1-Zero
 
 
-def r1_zero_reward_fn(
-    response: str, ground_truth: str | int | float | list[str], fast: bool = True, grader: MathGrader | None = None
-) -> dict[str, float]:
-    """R1-Zero reward (understand-r1-zero's `r1_zero_reward_fn`; docs/DESIGN.md, "The R1-Zero math reward"):
-    a strict format gate, then a math grade.
+def r1_zero_reward_fn(response: str, ground_truth: str | int | float | list[str], fast: bool = True,
+                      grader: MathGrader | None = None) -> dict[str, float]:
+    """R1-Zero reward (understand-r1-zero's `r1_zero_reward_fn`, arXiv 2503.20783; docs/DESIGN.md, "The R1-Zero
+    math reward"): a strict format gate, then a math grade.
 
     1. `response` must contain `</think> <answer>` (one space) and `</answer>`, else all three values are 0.0.
     2. The answer is the text after the last `<answer>`, with `</answer>` removed.

@@ -25,8 +25,7 @@ from plumbing import weight_sync
 from grading.tags import replace_content, tag_content
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Stage-2 prompt construction (pure)
+# --- Stage-2 prompt construction (pure) ---------------------------------------------------------------------------
 
 
 def extract_long_answer(text: str | None) -> str | None:
@@ -43,11 +42,9 @@ def extract_long_answer(text: str | None) -> str | None:
 
 def substitute_context(problem: str | None, long_answer: str) -> str | None:
     """Replace the content of the first `<context>…</context>` block of `problem` with `long_answer`
-    (`tags.replace_content`, the block data.py checked).
-
-    The long answer is inserted literally: no regex escapes and no backreference expansion. None when the
-    problem has no context block.
-    Differs from CANOE (docs/differences.md, D6): the long answer is inserted literally into the stage-2 prompt.
+    (`tags.replace_content`, the block data.py checked); None when the problem has no context block.
+    Differs from CANOE (docs/differences.md, D6): the long answer is inserted literally (no regex escapes, no
+    backreference expansion).
 
     >>> substitute_context("<context>old</context>\\n\\nQ?", r"a.b \\1 c")
     '<context>a.b \\\\1 c</context>\\n\\nQ?'
@@ -55,8 +52,7 @@ def substitute_context(problem: str | None, long_answer: str) -> str | None:
     return replace_content(problem, "context", long_answer) if isinstance(problem, str) else None
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Sampling
+# --- Sampling -----------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -110,20 +106,11 @@ def make_engine(model_path: str, *, dtype: str, seed: int, max_model_len: int, g
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cpu_kv_cache_gib))))
         weight_sync.keep_cpu_linear_weights()
 
-    llm = LLM(
-        model=model_path,
-        dtype=dtype,
-        seed=seed,
-        max_model_len=max_model_len,
-        gpu_memory_utilization=gpu_memory_utilization,
-        distributed_executor_backend="external_launcher",
-        tensor_parallel_size=1,
-        enable_prefix_caching=True,
-        enable_sleep_mode=enable_sleep_mode,
-        sleep_mode_offload_cudagraph=enable_sleep_mode,
-        enforce_eager=not torch.cuda.is_available(),
-        **lora,
-    )
+    llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+              gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
+              distributed_executor_backend="external_launcher", tensor_parallel_size=1,
+              enable_sleep_mode=enable_sleep_mode, sleep_mode_offload_cudagraph=enable_sleep_mode,
+              enforce_eager=not torch.cuda.is_available(), **lora)
     if trainer_seed is not None:
         torch.manual_seed(trainer_seed)
     return llm
@@ -131,14 +118,11 @@ def make_engine(model_path: str, *, dtype: str, seed: int, max_model_len: int, g
 
 def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, temperature: float, top_p: float,
             max_tokens: int, lora_request=None, prefix: str = "") -> list[Completion]:
-    """`n` samples per prompt, prompt-major: returns len(prompts)·n completions.
-
-    The draw is a function of `seed` alone (`seeds_per_request`). On CUDA each prompt's request carries its own
-    seed (`prompt_seed`). On the CPU vLLM samples in this process with this process's torch generator: seeding
-    it right before the call does it (the trainer's own RNG stream is saved and restored around it).
-    `lora_request` names the adapter the engine applies (plumbing/lora.py, `AdapterPush`), None for plain weights.
-    `prefix` (the config's response prefix, which ends the prompt) is put back in front of each text, since the
-    rewards judge the whole answer.
+    """`n` samples per prompt, prompt-major: len(prompts)·n completions, drawn from `seed` alone (on CUDA each
+    prompt's request carries `prompt_seed`, on the CPU torch's generator is seeded for the call and the trainer's
+    stream restored after it). `lora_request` names the adapter the engine applies (plumbing/lora.py,
+    `AdapterPush`), None for plain weights; `prefix` (the response prefix, which ends the prompt) is put back in
+    front of each text, since the rewards judge the whole answer.
     """
     settings = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
     if seeds_per_request():
@@ -156,9 +140,8 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
         for sample in sorted(output.outputs, key=lambda o: o.index):
             # With logprobs=0 vLLM returns, per position, a dict holding the sampled token's log-probability.
             logprobs = tuple(step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids))
-            completions.append(
-                Completion(prefix + sample.text, tuple(sample.token_ids), logprobs, sample.finish_reason or "length")
-            )
+            completions.append(Completion(prefix + sample.text, tuple(sample.token_ids), logprobs,
+                                          sample.finish_reason or "length"))
     return completions
 
 
@@ -189,38 +172,30 @@ def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completi
                     render: Callable[[str], list[int]], max_prompt_tokens: int, temperature: float, top_p: float,
                     max_tokens: int, seed: int, step: int | str, rank: int, lora_request=None,
                     prefix: str = "") -> Stage2:
-    """One regeneration per stage-1 completion that has a long answer and whose prompt has a context block.
-
-    `problems` holds the B dataset problems; completion i belongs to problems[i // G], G = `group_size` (stage 1's
-    samples per prompt; stage 2 samples once per completion). `render` turns a problem
-    into chat-template token ids. Completions without a usable long answer get None (influence reward 0).
+    """One regeneration per stage-1 completion that has a long answer, whose prompt has a context block and whose
+    new prompt, rendered by `render` into chat-template token ids, fits in `max_prompt_tokens`; the others get None
+    (influence reward 0). Completion i belongs to problems[i // G] of the B dataset problems, G = `group_size`.
     """
     G = group_size
     assert len(completions) == len(problems) * G, (len(completions), len(problems), G)
-    new_problems: list[str | None] = []
+    # the problem each completion's stage 2 samples from, the indices sampled, their prompts, the prompts too long
+    new_problems, todo, prompts, too_long = [], [], [], 0
     for i, completion in enumerate(completions):
         long_answer = extract_long_answer(completion.text)
-        new_problems.append(None if long_answer is None else substitute_context(problems[i // G], long_answer))
-
-    todo, prompts, too_long = [], [], 0
-    for i, problem in enumerate(new_problems):
-        if problem is None:
-            continue
-        ids = render(problem)
-        if len(ids) > max_prompt_tokens:
-            too_long += 1
-            new_problems[i] = None
-            continue
-        todo.append(i)
-        prompts.append(ids)
+        problem = None if long_answer is None else substitute_context(problems[i // G], long_answer)
+        if problem is not None:
+            ids = render(problem)
+            if len(ids) > max_prompt_tokens:
+                too_long += 1
+                problem = None
+            else:
+                todo.append(i)
+                prompts.append(ids)
+        new_problems.append(problem)
     sampled = _sample(llm, prompts, 1, request_seed(seed, "stage2", step, rank), temperature=temperature,
                       top_p=top_p, max_tokens=max_tokens, lora_request=lora_request, prefix=prefix) if todo else []
-    results: list[Completion | None] = [None] * len(completions)
-    for i, completion in zip(todo, sampled):
-        results[i] = completion
-    return Stage2(new_problems, results, too_long)
-
-
+    by_index = dict(zip(todo, sampled))
+    return Stage2(new_problems, [by_index.get(i) for i in range(len(completions))], too_long)
 
 
 @dataclass(frozen=True)
@@ -245,4 +220,5 @@ class Rollout:
             into, out_of = slice(slot * G, (slot + 1) * G), slice(source * G, (source + 1) * G)
             completions[into], scores[into] = fresh.completions[out_of], fresh.scores[out_of]
             problems[into], stage2[into] = fresh.stage2.problems[out_of], fresh.stage2.completions[out_of]
-        return Rollout(rows, completions, Stage2(problems, stage2, self.stage2.too_long + fresh.stage2.too_long), scores)
+        too_long = self.stage2.too_long + fresh.stage2.too_long
+        return Rollout(rows, completions, Stage2(problems, stage2, too_long), scores)

@@ -18,7 +18,6 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace  # noqa: F401  (kept_sequences' example)
 
 import torch
 import torch.distributed as dist
@@ -28,8 +27,7 @@ from grpo_loss import group_advantages, seq_mean_token_mean, token_log_ratio, un
 from plumbing.runtime import all_reduce_values
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Advantage rules: (rewards (N,), scores (N, R), weights (R,), G, eps, std) -> advantages (N,)
+# --- Advantage rules: (rewards (N,), scores (N, R), weights (R,), G, eps, std) -> advantages (N,)
 #   rewards is the weighted sum scores @ weights; eps and std are the config's advantage_eps and advantage_std.
 
 
@@ -72,8 +70,7 @@ ADVANTAGE_RULES: dict[str, Callable[..., Tensor]] = {
 }
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The loss's pieces: grpo_loss.grpo_loss is CANOE's loss and calls one piece of each kind, CANOE's by default;
+# --- The loss's pieces: grpo_loss.grpo_loss is CANOE's loss and calls one piece of each kind, CANOE's by default;
 # `Variants` hands it the ones the config names. Every tensor is in the loss's working dtype (float32, or float64
 # for float64 inputs); `mask` (N, T) is 1.0 at the trained tokens and 0.0 elsewhere.
 #
@@ -139,8 +136,7 @@ SURROGATE_WEIGHTS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
 }
 
 
-# --------------------------------------------------------------------------------------------------------------
-# DAPO's masks: which sequences enter the loss
+# --- DAPO's masks: which sequences enter the loss -----------------------------------------------------------------
 
 
 def kept_sequences(advantages: Tensor, completions: list, group_size: int, *, mask_truncated: bool = False,
@@ -150,6 +146,7 @@ def kept_sequences(advantages: Tensor, completions: list, group_size: int, *, ma
     `skip_zero_variance_groups` drops every sequence of a group whose `advantages` `(N,)` are all equal (only the KL
     would train). The dropped ones leave the mask and the loss's denominators.
 
+    >>> from types import SimpleNamespace
     >>> done = [SimpleNamespace(finish_reason=reason) for reason in ("stop", "stop", "length", "stop")]
     >>> kept_sequences(torch.tensor([0.0, 0.0, 1.0, -1.0]), done, 2, mask_truncated=True,
     ...                skip_zero_variance_groups=True)
@@ -166,8 +163,7 @@ def kept_sequences(advantages: Tensor, completions: list, group_size: int, *, ma
     return kept
 
 
-# --------------------------------------------------------------------------------------------------------------
-# DAPO's dynamic sampling: groups that teach nothing are replaced by groups of newly drawn prompts
+# --- DAPO's dynamic sampling: groups that teach nothing are replaced by groups of newly drawn prompts -------------
 
 
 def refills(zero_variance: Tensor, varied: Tensor) -> list[tuple[int, int]]:
@@ -207,8 +203,7 @@ def dynamic_sampling(rollout: Callable, draws: int, zero_variance: Callable[[Ten
     return sample
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The door
+# --- The door -----------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -245,6 +240,5 @@ class Variants:
 
     def rollout(self, rollout: Callable) -> Callable:
         """`rollout` itself, or wrapped in dynamic sampling when `dynamic_sampling_draws` > 0."""
-        if not self.dynamic_sampling_draws:
-            return rollout
-        return dynamic_sampling(rollout, self.dynamic_sampling_draws, self.zero_variance)
+        draws = self.dynamic_sampling_draws
+        return dynamic_sampling(rollout, draws, self.zero_variance) if draws else rollout
