@@ -13,18 +13,16 @@ import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-# vLLM in-process: rollouts run in the training process itself, no engine subprocess. Read when vLLM is imported.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-
 def ranks_on_this_node() -> int:
     """The number of ranks this node runs: torchrun's LOCAL_WORLD_SIZE, or LOCAL_SIZE (DeepSpeed's launcher's); 1
     for a plain `python`."""
     return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1")
 
 
-# Without OMP_NUM_THREADS vLLM cuts torch to one thread "for serving", which would leave training on one core too.
-# Share the cores among the ranks instead.
+# Read when vLLM is imported: vLLM in-process, rollouts run in the training process itself, no engine subprocess.
+# Without OMP_NUM_THREADS vLLM cuts torch to one thread "for serving", which would leave training on one core too;
+# the cores are shared among the ranks instead.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks_on_this_node())))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -40,9 +38,9 @@ def print0(*args: object) -> None:
 
 def single_process_defaults() -> None:
     """The launcher's environment, for a plain `python canoe.py` (a world of one); the launcher's values win."""
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", str(29500 + os.getpid() % 1000))):
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
 
 
 def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
@@ -60,12 +58,8 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
 
 
 def unlink_shm_buffer(rank: int, world_size: int) -> None:
-    """Remove this rank's DeepSpeed all-reduce buffer from /dev/shm once every rank has mapped it.
-
-    DeepSpeed never removes it, so each run would leave 64 MiB per rank in the tmpfs; unlinked, the memory goes
-    back when the last process mapping it exits. DeepSpeed's own condition for a buffer decides, not a stale file,
-    so every rank takes the same branch around the barrier.
-    """
+    """Remove this rank's DeepSpeed all-reduce buffer (64 MiB, never removed by DeepSpeed) from /dev/shm once every
+    rank has mapped it; DeepSpeed's own condition for a buffer decides, so every rank takes the same branch."""
     backend = deepspeed.comm.comm.cdb
     if getattr(backend, "shm_comm_op", None) is None or os.environ.get("LOCAL_SIZE") != str(world_size):
         return
@@ -183,8 +177,23 @@ def route_logs(out: Path, rank: int, *, verbose: bool = False) -> dict[str, Path
     applied here first and the engine then leaves the handlers alone. The launcher's own "[INFO]" lines are out of
     reach: `deepspeed --log_level warning canoe.py ...` quiets them.
     """
+    from deepspeed.utils import logger as deepspeed_logger
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import DEFAULT_LOGGING_CONFIG, configure_logging_if_needed
+    from vllm.logging_utils import NewLineFormatter
+
     out.mkdir(parents=True, exist_ok=True)
-    return {"vllm": _route_vllm(out, rank, verbose=verbose), "deepspeed": _route_deepspeed(out, rank)}
+    config = LoggingConfig()
+    configure_logging_if_needed(config)  # what the engine does at its start; it then leaves the handlers alone
+    logger = logging.getLogger("vllm")
+    plain = DEFAULT_LOGGING_CONFIG["formatters"]["vllm"]  # vLLM's text format, without the terminal's colours
+    formatter = NewLineFormatter(plain["format"], plain["datefmt"], log_level=config.log_level)
+    paths = {"vllm": _to_file(logger, out, "vllm", rank, logger.getEffectiveLevel(), formatter,
+                              None if verbose else logging.ERROR)}
+    formatter = next((h.formatter for h in deepspeed_logger.handlers if h.formatter is not None), logging.Formatter())
+    paths["deepspeed"] = _to_file(deepspeed_logger, out, "deepspeed", rank, logging.INFO, formatter, logging.WARNING)
+    deepspeed_logger.setLevel(min(deepspeed_logger.getEffectiveLevel(), logging.INFO))
+    return paths
 
 
 def is_terminal_handler(handler: logging.Handler) -> bool:
@@ -209,27 +218,4 @@ def _to_file(logger: logging.Logger, out: Path, name: str, rank: int, level: int
     for handler in logger.handlers if terminal is not None else []:
         if is_terminal_handler(handler):
             handler.setLevel(max(handler.level, terminal))
-    return path
-
-
-def _route_vllm(out: Path, rank: int, *, verbose: bool) -> Path:
-    from vllm.config.logging import LoggingConfig
-    from vllm.logger import DEFAULT_LOGGING_CONFIG, configure_logging_if_needed
-    from vllm.logging_utils import NewLineFormatter
-
-    config = LoggingConfig()
-    configure_logging_if_needed(config)  # what the engine does at its start; it then leaves the handlers alone
-    logger = logging.getLogger("vllm")
-    plain = DEFAULT_LOGGING_CONFIG["formatters"]["vllm"]  # vLLM's text format, without the terminal's colours
-    formatter = NewLineFormatter(plain["format"], plain["datefmt"], log_level=config.log_level)
-    return _to_file(logger, out, "vllm", rank, logger.getEffectiveLevel(), formatter,
-                    None if verbose else logging.ERROR)
-
-
-def _route_deepspeed(out: Path, rank: int) -> Path:
-    from deepspeed.utils import logger
-
-    formatter = next((h.formatter for h in logger.handlers if h.formatter is not None), logging.Formatter())
-    path = _to_file(logger, out, "deepspeed", rank, logging.INFO, formatter, logging.WARNING)
-    logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
     return path
