@@ -1,15 +1,9 @@
 """LoRA for Dual-GRPO: the adapters (PEFT), the reference policy for free, the push into vLLM, and the checkpoint.
 
-With `lora_rank = r > 0` every module named in `lora_target_modules` computes
-
-    y = W·x + s·B·A·x        W frozen (the base), A: (r, in) and B: (out, r) trained, s = lora_alpha / r
-
-(Hu et al., 2021; PEFT's layers and default scaling: B starts at zero, so step 0's policy is the base model). Only
-A and B require a gradient, so only they reach the optimizer. π_ref is the policy with its adapters disabled
-(`adapters_disabled`): no second copy. A push sends vLLM the merged W + s·B·A of the adapted modules in new
-tensors (`MergedPush`, `policy_weights`), or the adapter itself (`AdapterPush`; config `lora_push`); the loading
-and its checks are weight_sync.py's. A checkpoint holds the adapter in PEFT's format beside the merged policy
-(checkpoint.py). docs/lora.md has the rest.
+Every module in `lora_target_modules` computes y = W·x + s·B·A·x, W frozen, A: (r, in) and B: (out, r) trained,
+s = lora_alpha / r (PEFT's layers and scaling; B starts at zero, so step 0's policy is the base model). π_ref is the
+policy with its adapters disabled (`adapters_disabled`): no second copy. A push sends vLLM the merged W + s·B·A in
+new tensors (`MergedPush`) or the adapter itself (`AdapterPush`); docs/lora.md has the rest.
 """
 
 from __future__ import annotations
@@ -64,11 +58,7 @@ def adapters_disabled(model: torch.nn.Module):
 
 
 def hf_name(name: str) -> str:
-    """A parameter or module name of the PEFT-wrapped model under the base model's (Hugging Face's) name.
-
-    >>> hf_name("base_model.model.model.layers.0.mlp.up_proj")
-    'model.layers.0.mlp.up_proj'
-    """
+    """A parameter or module name of the PEFT-wrapped model under the base model's (Hugging Face's) name."""
     return name.removeprefix("base_model.model.")  # PEFT wraps the model under these two attributes
 
 
@@ -76,13 +66,6 @@ def adapter_state(model: PeftModel, zero_stage: int) -> dict[str, torch.Tensor]:
     """The adapter parameters (full values, on the CPU) under the PEFT model's own names; every rank calls it."""
     adapters = weight_sync.iter_full_parameters(model, zero_stage, only=lambda name: "lora_" in name)
     return {name: tensor.to("cpu", copy=True) for name, tensor in adapters}
-
-
-def save_adapter(model: PeftModel, target, *, zero_stage: int, rank: int) -> None:
-    """Write the adapter in PEFT's format (every rank gathers; rank 0 writes)."""
-    state = adapter_state(model, zero_stage)
-    if rank == 0:
-        model.save_pretrained(str(target), state_dict=state)
 
 
 def trainable_parameters(model: torch.nn.Module) -> int:

@@ -90,18 +90,14 @@ def lora_parameters(arch: Architecture, rank: int, targets: list[str]) -> int:
     >>> lora_parameters(KNOWN_ARCHITECTURES["Llama-3.1-8B-Instruct"], 16, ["q_proj", "v_proj"])
     6815744
     """
-    h, q, kv, inter = arch.hidden, arch.heads * arch.head_dim, arch.kv_dim, arch.intermediate
-    per_layer = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
-                 "up_proj": (h, inter), "down_proj": (inter, h)}
-    once = {"lm_head": (h, arch.vocab), "embed_tokens": (arch.vocab, h)}
-    unknown = [t for t in targets if t not in per_layer and t not in once]
+    h, q, kv, inter, n = arch.hidden, arch.heads * arch.head_dim, arch.kv_dim, arch.intermediate, arch.layers
+    shapes = {"q_proj": (h, q, n), "k_proj": (h, kv, n), "v_proj": (h, kv, n), "o_proj": (q, h, n),  # (in, out, count)
+              "gate_proj": (h, inter, n), "up_proj": (h, inter, n), "down_proj": (inter, h, n),
+              "lm_head": (h, arch.vocab, 1), "embed_tokens": (arch.vocab, h, 1)}
+    unknown = [t for t in targets if t not in shapes]
     if unknown:
-        raise ArchitectureError(f"lora_target_modules {unknown}: the plan knows {sorted(per_layer | once)}")
-    total = 0
-    for target in dict.fromkeys(targets):
-        fan_in, fan_out = per_layer.get(target) or once[target]
-        total += rank * (fan_in + fan_out) * (arch.layers if target in per_layer else 1)
-    return total
+        raise ArchitectureError(f"lora_target_modules {unknown}: the plan knows {sorted(shapes)}")
+    return sum(rank * (fan_in + fan_out) * count for fan_in, fan_out, count in map(shapes.get, dict.fromkeys(targets)))
 
 
 def architecture(model: str) -> Architecture:

@@ -47,18 +47,14 @@ def walk_modules(model: torch.nn.Module, zero_stage: int, *, only: Callable[[str
             continue
         if isinstance(module, whole):
             inside = name + "."
-            params = list(module.parameters())
-            with deepspeed.zero.GatheredParameters(params) if zero_stage >= 3 and params else contextlib.nullcontext():
+            with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=zero_stage >= 3):
                 yield name, module, None
             continue
         own = [(key, p) for key, p in module.named_parameters(recurse=False) if id(p) not in seen]
         seen.update(id(p) for _, p in own)
-        if zero_stage < 3 or not own:
-            yield name, module, [(key, p.detach()) for key, p in own]
-            continue
-        with deepspeed.zero.GatheredParameters([p for _, p in own]):
-            copies = [(key, p.detach().clone()) for key, p in own]
-        yield name, module, copies
+        with deepspeed.zero.GatheredParameters([p for _, p in own], enabled=zero_stage >= 3):
+            own = [(key, p.detach().clone() if zero_stage >= 3 else p.detach()) for key, p in own]
+        yield name, module, own
 
 
 def iter_full_parameters(model: torch.nn.Module, zero_stage: int, *,
@@ -91,19 +87,12 @@ def keep_cpu_linear_weights() -> None:
     vllm_layer_utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
-def _repack_worker(worker) -> int:
-    count = 0
+def repack_cpu_linear(worker) -> None:
+    """Rebuild a CPU engine's packed linear kernels from its parameters (on each worker, `collective_rpc`)."""
     for module in worker.model_runner.model.modules():
         weight = getattr(module, "weight", None)
         if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2 and weight.numel():
             VLLM_CPU_DISPATCH(module, remove_weight=False)
-            count += 1
-    return count
-
-
-def repack_cpu_linear(llm) -> int:
-    """Rebuild the CPU engine's packed linear kernels from its parameters; returns the layer count."""
-    return sum(llm.collective_rpc(_repack_worker))
 
 
 def cpu_kernels_are_packed() -> bool:
@@ -138,7 +127,7 @@ def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bo
         for logger in loggers:
             logger.removeFilter(_not_partial_reload)
     if cpu_kernels_are_packed() if repack is None else repack:
-        repack_cpu_linear(llm)
+        llm.collective_rpc(repack_cpu_linear)
     llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
     return time.perf_counter() - start
 
