@@ -13,6 +13,7 @@ import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+
 def ranks_on_this_node() -> int:
     """The number of ranks this node runs: torchrun's LOCAL_WORLD_SIZE, or LOCAL_SIZE (DeepSpeed's launcher's); 1
     for a plain `python`."""
@@ -77,9 +78,6 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 def choose_dtype(name: str, *, cuda: bool, cuda_bf16: bool, cpu_flags: Collection[str]) -> tuple[torch.dtype, str]:
     """The training and sampling dtype for the config's `dtype`, and why (a pure function of the hardware).
 
-    `auto` is bfloat16 on a GPU that has it and on a CPU with AVX-512 BF16 or AMX (BF16_CPU_FLAGS), float32
-    elsewhere. float32 and bfloat16 are taken as they are.
-
     >>> choose_dtype("auto", cuda=False, cuda_bf16=False, cpu_flags={"avx2", "avx512f"})[0]
     torch.float32
     >>> choose_dtype("auto", cuda=False, cuda_bf16=False, cpu_flags={"avx512f", "amx_bf16"})
@@ -118,8 +116,7 @@ def resolve_dtype(name: str, *, say: bool = False) -> torch.dtype:
 
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """The device whose tensors the process group's backend takes (NCCL: "cuda" only; gloo: "cpu"), on which
-    every collective of the trainer is built. No index: "cuda" is the current device, the rank's own GPU.
-    """
+    every collective of the trainer is built. No index: "cuda" is the current device, the rank's own GPU."""
     return torch.device(dist.distributed_c10d._get_object_coll_device(group))
 
 

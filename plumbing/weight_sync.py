@@ -1,11 +1,9 @@
 """The weight sync: the trainer's weights into the colocated vLLM engine after every update, and the proof they landed.
 
-In the order a push takes it (training/push.py's `WeightPush` calls these): every parameter under its Hugging Face
-name (`iter_full_parameters` over `walk_modules`, the one walk of the trainer's parameters; a LoRA policy sends
-less, lora.py); vLLM's in-place reload (`push_weights`); the checks, vLLM's log-probabilities of a fixed probe
-against the trainer's (`check_sync`) and outside float32 the exact sums of the pushed weights against the
-engine's (`check_weight_sums`). On CUDA vLLM sleeps at level 2 from the end of sampling until the push
-(`sleep_engine`), then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
+In a push's order (training/push.py): every parameter under its Hugging Face name (`iter_full_parameters` over
+`walk_modules`; a LoRA policy sends less, lora.py), vLLM's in-place reload (`push_weights`), then the checks: a
+fixed probe's log-probabilities against the trainer's (`check_sync`) and, outside float32, the pushed weights'
+exact sums against the engine's (`check_weight_sums`). On CUDA vLLM sleeps from the end of sampling until the push.
 """
 
 from __future__ import annotations
@@ -71,12 +69,8 @@ VLLM_CPU_DISPATCH = vllm_layer_utils.dispatch_cpu_unquantized_gemm
 
 
 def keep_cpu_linear_weights() -> None:
-    """Make vLLM's CPU backend keep its linear weights as parameters, so that a push can reach them.
-
-    It builds a packed kernel from a copy of each linear weight and by default empties the parameter, so a reload
-    would load values no kernel reads; `push_weights` then rebuilds the kernels. Process-wide; call it before
-    creating an engine.
-    """
+    """Make vLLM's CPU backend keep its linear weights as parameters (it packs a copy into its kernel and by default
+    empties the parameter, which a reload would then fill unread); process-wide, before creating an engine."""
     if getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", None):
         return
 
@@ -111,11 +105,10 @@ def _not_partial_reload(record: logging.LogRecord) -> bool:
 
 def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bool | None = None,
                  partial: bool = False) -> float:
-    """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache. Returns seconds.
+    """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache; returns seconds.
 
-    `repack` rebuilds the packed CPU kernels afterwards (None: where the engine's kernels are packed). The reload
-    rebuilds the kernel of each layer it loads but not a tied head's, so a whole-model push needs it. `partial`
-    (some weights left out, as lora.MergedPush sends) silences the reload's warning for each of them.
+    `repack` rebuilds the packed CPU kernels afterwards (None: where they are packed); the reload rebuilds those of
+    the layers it loads but not a tied head's. `partial` (weights left out) silences the reload's warnings.
     """
     start = time.perf_counter()
     loggers = [logging.getLogger(name) for name in RELOAD_LOGGERS]
