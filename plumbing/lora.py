@@ -74,12 +74,9 @@ def trainable_parameters(model: torch.nn.Module) -> int:
 
 class MergedPush:
     """A LoRA policy pushed as merged weights W + s·B·A (only the modules `changed_modules` names, unless a level-2
-    sleep lost every weight), and how much of the update arrives.
-
-    Outside float32 the merged weight is rounded to W's dtype, so an entry of Δ = s·B·A below half a step of W is
-    lost. `measure` follows a fixed sample of SAMPLE entries of every adapted weight: `sync/lora_delta_cosine`
-    (delivered against intended update, this push), `sync/lora_delta_error` = ||delivered − Δ|| / ||Δ|| this push,
-    and `sync/lora_delta_bias` = ||Σ_s (delivered_s − Δ_s)|| / ||Σ_s Δ_s|| over the pushes so far.
+    sleep lost every weight), and how much of the update arrives: outside float32 the merged weight is rounded to
+    W's dtype, losing every entry of Δ = s·B·A below half a step of W. `measure` follows a fixed sample of SAMPLE
+    entries of every adapted weight for the `sync/lora_delta_*` metrics (docs/outputs.md).
     """
 
     SAMPLE = 512
@@ -206,9 +203,8 @@ def base_weights(model: PeftModel, zero_stage: int) -> Iterator[tuple[str, torch
 class AdapterPush:
     """The adapter itself pushed into vLLM's LoRA support, so that no update is lost to rounding in W + s·B·A.
 
-    Each push writes the adapter in PEFT's format into this rank's folder and loads it under a new id (vLLM reads
-    an id once; it keeps one adapter, so the new one evicts the old), then checks that the engine holds only that
-    id and that its LoRA slot holds the adapter bit for bit (`check_adapter`). Every request names it (`request`).
+    Each push loads the adapter in PEFT's format under a new id (vLLM reads an id once; it keeps one adapter, so
+    the new one evicts the old). Every request names it (`request`).
     """
 
     def __init__(self, folder):
@@ -229,8 +225,8 @@ class AdapterPush:
         return self._base_sums[dtype]
 
     def push(self, llm, model: PeftModel, zero_stage: int) -> float:
-        """Write the current adapter, load it under a new id and drop the previous folder; returns seconds. Every
-        rank calls it."""
+        """Write the current adapter, load it under a new id, check that the engine holds it alone and bit for bit
+        (`check_adapter`) and drop the previous folder; returns seconds. Every rank calls it."""
         start = time.perf_counter()
         state = adapter_state(model, zero_stage)
         self.count += 1
