@@ -168,11 +168,9 @@ def route_logs(out: Path, rank: int, *, verbose: bool = False) -> dict[str, Path
     """Send this rank's vLLM and DeepSpeed logs to files in `out` (made if missing); returns their paths.
 
     The terminal keeps the progress bar, rank 0's lines (`print0`), vLLM's errors and DeepSpeed's warnings. Files
-    are appended to (a `--resume` adds to the first run's): `vllm.log` and `deepspeed.log` on rank 0,
-    `vllm-rank-R.log` and `deepspeed-rank-R.log` on rank R > 0. `verbose` leaves vLLM's terminal handler as it
-    was. Call it before the engine is made: applying vLLM's logging config drops earlier handlers, so it is
-    applied here first and the engine then leaves the handlers alone. The launcher's own "[INFO]" lines are out of
-    reach: `deepspeed --log_level warning canoe.py ...` quiets them.
+    (`vllm.log`, `deepspeed.log`; `-rank-R` before `.log` on rank R > 0) are appended to. `verbose` leaves vLLM's
+    terminal handler as it was. Call it before the engine is made: applying vLLM's logging config drops earlier
+    handlers. The launcher's own "[INFO]" lines are out of reach: `deepspeed --log_level warning` quiets them.
     """
     from deepspeed.utils import logger as deepspeed_logger
     from vllm.config.logging import LoggingConfig
