@@ -49,14 +49,15 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 def save_policy(engine, tokenizer, zero_stage: int, target: Path, rank: int) -> None:
     """Write the policy as a Hugging Face model folder (rank 0 writes; every rank takes part in ZeRO-3 gathers).
     With LoRA: the merged weights, saved through the base model, and the adapter beside it (`adapter/`)."""
-    state = {}
     model = engine.module
     weights = lora.policy_weights if lora.is_lora(model) else weight_sync.iter_full_parameters
-    for name, tensor in weights(model, zero_stage):
-        if rank == 0:  # no copy on the CPU: ZeRO-3's gathered tensors and LoRA's merged ones are copies already,
-            state[name] = tensor.detach().to("cpu")  # and ZeRO-2's parameters do not change while this writes
+    # No copy on the CPU: ZeRO-3's gathered tensors and LoRA's merged ones are copies already, and ZeRO-2's
+    # parameters do not change while this writes.
+    state = {name: tensor.detach().to("cpu") for name, tensor in weights(model, zero_stage) if rank == 0}
     if lora.is_lora(model):
-        lora.save_adapter(model, target.parent / "adapter", zero_stage=zero_stage, rank=rank)
+        adapter = lora.adapter_state(model, zero_stage)
+        if rank == 0:
+            model.save_pretrained(str(target.parent / "adapter"), state_dict=adapter)
         model = model.get_base_model()
     if rank == 0:
         model.save_pretrained(target, state_dict=state)

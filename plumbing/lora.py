@@ -1,15 +1,9 @@
 """LoRA for Dual-GRPO: the adapters (PEFT), the reference policy for free, the push into vLLM, and the checkpoint.
 
-With `lora_rank = r > 0` every module named in `lora_target_modules` computes
-
-    y = W·x + s·B·A·x        W frozen (the base), A: (r, in) and B: (out, r) trained, s = lora_alpha / r
-
-(Hu et al., 2021; PEFT's layers and default scaling: B starts at zero, so step 0's policy is the base model). Only
-A and B require a gradient, so only they reach the optimizer. π_ref is the policy with its adapters disabled
-(`adapters_disabled`): no second copy. A push sends vLLM the merged W + s·B·A of the adapted modules in new
-tensors (`MergedPush`, `policy_weights`), or the adapter itself (`AdapterPush`; config `lora_push`); the loading
-and its checks are weight_sync.py's. A checkpoint holds the adapter in PEFT's format beside the merged policy
-(checkpoint.py). docs/lora.md has the rest.
+Every module in `lora_target_modules` computes y = W·x + s·B·A·x, W frozen, A: (r, in) and B: (out, r) trained,
+s = lora_alpha / r (PEFT's layers and scaling; B starts at zero, so step 0's policy is the base model). π_ref is the
+policy with its adapters disabled (`adapters_disabled`): no second copy. A push sends vLLM the merged W + s·B·A in
+new tensors (`MergedPush`) or the adapter itself (`AdapterPush`); docs/lora.md has the rest.
 """
 
 from __future__ import annotations
@@ -64,11 +58,7 @@ def adapters_disabled(model: torch.nn.Module):
 
 
 def hf_name(name: str) -> str:
-    """A parameter or module name of the PEFT-wrapped model under the base model's (Hugging Face's) name.
-
-    >>> hf_name("base_model.model.model.layers.0.mlp.up_proj")
-    'model.layers.0.mlp.up_proj'
-    """
+    """A parameter or module name of the PEFT-wrapped model under the base model's (Hugging Face's) name."""
     return name.removeprefix("base_model.model.")  # PEFT wraps the model under these two attributes
 
 
@@ -78,25 +68,15 @@ def adapter_state(model: PeftModel, zero_stage: int) -> dict[str, torch.Tensor]:
     return {name: tensor.to("cpu", copy=True) for name, tensor in adapters}
 
 
-def save_adapter(model: PeftModel, target, *, zero_stage: int, rank: int) -> None:
-    """Write the adapter in PEFT's format (every rank gathers; rank 0 writes)."""
-    state = adapter_state(model, zero_stage)
-    if rank == 0:
-        model.save_pretrained(str(target), state_dict=state)
-
-
 def trainable_parameters(model: torch.nn.Module) -> int:
     return sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters() if p.requires_grad)
 
 
 class MergedPush:
     """A LoRA policy pushed as merged weights W + s·B·A (only the modules `changed_modules` names, unless a level-2
-    sleep lost every weight), and how much of the update arrives.
-
-    Outside float32 the merged weight is rounded to W's dtype, so an entry of Δ = s·B·A below half a step of W is
-    lost. `measure` follows a fixed sample of SAMPLE entries of every adapted weight: `sync/lora_delta_cosine`
-    (delivered against intended update, this push), `sync/lora_delta_error` = ||delivered − Δ|| / ||Δ|| this push,
-    and `sync/lora_delta_bias` = ||Σ_s (delivered_s − Δ_s)|| / ||Σ_s Δ_s|| over the pushes so far.
+    sleep lost every weight), and how much of the update arrives: outside float32 the merged weight is rounded to
+    W's dtype, losing every entry of Δ = s·B·A below half a step of W. `measure` follows a fixed sample of SAMPLE
+    entries of every adapted weight for the `sync/lora_delta_*` metrics (docs/outputs.md).
     """
 
     SAMPLE = 512
@@ -223,9 +203,8 @@ def base_weights(model: PeftModel, zero_stage: int) -> Iterator[tuple[str, torch
 class AdapterPush:
     """The adapter itself pushed into vLLM's LoRA support, so that no update is lost to rounding in W + s·B·A.
 
-    Each push writes the adapter in PEFT's format into this rank's folder and loads it under a new id (vLLM reads
-    an id once; it keeps one adapter, so the new one evicts the old), then checks that the engine holds only that
-    id and that its LoRA slot holds the adapter bit for bit (`check_adapter`). Every request names it (`request`).
+    Each push loads the adapter in PEFT's format under a new id (vLLM reads an id once; it keeps one adapter, so
+    the new one evicts the old). Every request names it (`request`).
     """
 
     def __init__(self, folder):
@@ -246,8 +225,8 @@ class AdapterPush:
         return self._base_sums[dtype]
 
     def push(self, llm, model: PeftModel, zero_stage: int) -> float:
-        """Write the current adapter, load it under a new id and drop the previous folder; returns seconds. Every
-        rank calls it."""
+        """Write the current adapter, load it under a new id, check that the engine holds it alone and bit for bit
+        (`check_adapter`) and drop the previous folder; returns seconds. Every rank calls it."""
         start = time.perf_counter()
         state = adapter_state(model, zero_stage)
         self.count += 1

@@ -4,28 +4,11 @@
 
 vLLM starts only if the device's free memory is at least total × `gpu_memory_utilization`, and the engine is
 created after the trainer has allocated (canoe.setup), so its share must fit in what the trainer leaves free; each
-recipe's `vllm_gpu_memory_utilization` comes from this plan. Per GPU, with P parameters, w bytes per value of the
-training dtype and W ranks:
-
-- resident all step: the policy weights w·P (ZeRO-3: w·P/W); the gradients, a w·P/W partition, its 4·P/W
-  float32 copy and the reduce bucket (with offload the bucket only); the optimizer state 12·P/W (0 with offload);
-  under ZeRO-3 the gathered parameters, stage3_max_live_parameters · w; a reference model as large as the policy
-  weights (0 when β = 0); a fixed CUDA reserve.
-- training only: an allowance for what a sleeping engine keeps, and the activations of one micro-batch packed
-  into one row, worst case (L = prompts_per_device · (max_prompt + G · max_completion) tokens, T of them
-  predicted): L · (10h + 4I) · w per layer; the head's 2 · T · V · w for the logits and their gradient,
-  3 · 512 · V · 4 for token_logprobs' float32 chunks and (5L + T) · h · w around it; with gradient checkpointing
-  L · h · w per layer and the larger of the head and one recomputed layer; the mask L · L8 · w + L², L8 = L
-  rounded up to 8.
-- rollout only: vLLM's share × total, its weights w·P, its working memory and the KV cache, which gets the rest
-  (2 · layers · kv · w bytes per token).
-
-The 10h + 4I per token of a layer: each RMSNorm its float32 input and bfloat16 output (3h, twice), attention the
-rotated q, k, v repeated to every head and its output (4h), the MLP gate, up, act(gate) and act(gate)·up (4I).
-With LoRA (`lora_rank = r > 0`) gradients and optimizer state exist only for the T adapter parameters
-(`lora_parameters`), the bucket holds at most T gradients, and there is no reference model. With sleep mode vLLM
-sleeps while the trainer trains, so the peak is the larger of the two phases; without it both add up. The
-architecture comes from the model folder's config.json, else from `KNOWN_ARCHITECTURES` by name.
+recipe's `vllm_gpu_memory_utilization` comes from this plan. Each part is held all step ("resident"), while
+training or while sampling ("rollout"); with sleep mode vLLM sleeps while the trainer trains, so the peak is the
+larger of the two phases, without it both add up. With LoRA (`lora_rank = r > 0`) gradients and optimizer state
+exist only for the adapter parameters (`lora_parameters`) and there is no reference model. The architecture comes
+from the model folder's config.json, else from `KNOWN_ARCHITECTURES` by name.
 """
 
 from __future__ import annotations
@@ -107,18 +90,14 @@ def lora_parameters(arch: Architecture, rank: int, targets: list[str]) -> int:
     >>> lora_parameters(KNOWN_ARCHITECTURES["Llama-3.1-8B-Instruct"], 16, ["q_proj", "v_proj"])
     6815744
     """
-    h, q, kv, inter = arch.hidden, arch.heads * arch.head_dim, arch.kv_dim, arch.intermediate
-    per_layer = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, inter),
-                 "up_proj": (h, inter), "down_proj": (inter, h)}
-    once = {"lm_head": (h, arch.vocab), "embed_tokens": (arch.vocab, h)}
-    unknown = [t for t in targets if t not in per_layer and t not in once]
+    h, q, kv, inter, n = arch.hidden, arch.heads * arch.head_dim, arch.kv_dim, arch.intermediate, arch.layers
+    shapes = {"q_proj": (h, q, n), "k_proj": (h, kv, n), "v_proj": (h, kv, n), "o_proj": (q, h, n),  # (in, out, count)
+              "gate_proj": (h, inter, n), "up_proj": (h, inter, n), "down_proj": (inter, h, n),
+              "lm_head": (h, arch.vocab, 1), "embed_tokens": (arch.vocab, h, 1)}
+    unknown = [t for t in targets if t not in shapes]
     if unknown:
-        raise ArchitectureError(f"lora_target_modules {unknown}: the plan knows {sorted(per_layer | once)}")
-    total = 0
-    for target in dict.fromkeys(targets):
-        fan_in, fan_out = per_layer.get(target) or once[target]
-        total += rank * (fan_in + fan_out) * (arch.layers if target in per_layer else 1)
-    return total
+        raise ArchitectureError(f"lora_target_modules {unknown}: the plan knows {sorted(shapes)}")
+    return sum(rank * (fan_in + fan_out) * count for fan_in, fan_out, count in map(shapes.get, dict.fromkeys(targets)))
 
 
 def architecture(model: str) -> Architecture:
@@ -209,7 +188,15 @@ class Plan:
 
 
 def activation_bytes(cfg, arch: Architecture, width: int) -> dict[str, float]:
-    """The training activations of one micro-batch, worst case (every completion at max_completion_tokens)."""
+    """The training activations of one micro-batch, worst case (every completion at max_completion_tokens), packed
+    into one row of L tokens, T of them predicted.
+
+    Per token of a layer 10h + 4I values: each RMSNorm its float32 input and bfloat16 output (3h, twice),
+    attention the rotated q, k, v repeated to every head and its output (4h), the MLP gate, up, act(gate) and
+    act(gate)·up (4I). The head: the logits and their gradient, token_logprobs' float32 chunks and (5L + T)·h
+    around them. Gradient checkpointing keeps each layer's input and the larger of the head and one recomputed
+    layer.
+    """
     L = cfg.prompts_per_device * (cfg.max_prompt_tokens + cfg.num_generations * cfg.max_completion_tokens)
     T = cfg.prompts_per_device * cfg.num_generations * cfg.max_completion_tokens
     h, V = arch.hidden, arch.vocab
@@ -231,30 +218,27 @@ def plan_memory(cfg, arch: Architecture, *, world_size: int, total_bytes: float,
     weights = width * P / W if zero3 else width * P
     bucket = min(REDUCE_BUCKET, T) * width * (2 if zero3 else 1)  # overlap_comm is on by default only for ZeRO-3
     gradients = bucket if cfg.offload_optimizer else (width + FP32_GRAD_BYTES) * T / W + bucket
-    parts: dict[str, tuple[float, str]] = {
-        f"policy weights (ZeRO-{cfg.zero_stage}, {W} ranks)" + (" (frozen base)" if cfg.lora_rank else ""):
-            (weights, "resident"),
-    }
+    frozen = " (frozen base)" if cfg.lora_rank else ""
+    resident = {f"policy weights (ZeRO-{cfg.zero_stage}, {W} ranks){frozen}": weights}
     if cfg.lora_rank:
-        parts[f"LoRA adapters (rank {cfg.lora_rank}, {T / 1e6:.1f} M parameters)"] = (
-            width * T / W if zero3 else width * T, "resident")
-    parts["gradients"] = (gradients, "resident")
-    parts["optimizer state" + (" (offloaded to the host)" if cfg.offload_optimizer else "")] = (
-        0.0 if cfg.offload_optimizer else ADAM_BYTES * T / W, "resident")
+        adapters = f"LoRA adapters (rank {cfg.lora_rank}, {T / 1e6:.1f} M parameters)"
+        resident[adapters] = width * T / W if zero3 else width * T
+    resident["gradients"] = gradients
+    optimizer = "optimizer state" + (" (offloaded to the host)" if cfg.offload_optimizer else "")
+    resident[optimizer] = 0.0 if cfg.offload_optimizer else ADAM_BYTES * T / W
     if zero3:
-        parts["ZeRO-3 gathered parameters"] = (min(P, MAX_LIVE_PARAMETERS) * width, "resident")
+        resident["ZeRO-3 gathered parameters"] = min(P, MAX_LIVE_PARAMETERS) * width
     # With LoRA, π_ref is the policy with its adapters disabled: no copy.
-    parts["reference model"] = (weights if cfg.beta > 0 and not cfg.lora_rank else 0.0, "resident")
-    parts["CUDA context and fragmentation"] = (CUDA_RESERVE, "resident")
-    if sleep:
-        parts["vLLM asleep: buffers outside its sleep pool"] = (VLLM_ASLEEP, "training")
-    parts |= {name: (size, "training") for name, size in activation_bytes(cfg, arch, width).items()}
+    resident["reference model"] = weights if cfg.beta > 0 and not cfg.lora_rank else 0.0
+    resident["CUDA context and fragmentation"] = CUDA_RESERVE
+    training = {"vLLM asleep: buffers outside its sleep pool": VLLM_ASLEEP} if sleep else {}
+    training |= activation_bytes(cfg, arch, width)
     share = cfg.vllm_gpu_memory_utilization
     working = VLLM_BATCHED_TOKENS * 3 * arch.intermediate * width + 2 * VLLM_MAX_SEQS * arch.vocab * 4 + CUDA_GRAPHS
-    parts["vLLM: weights"] = (width * P, "rollout")
-    parts["vLLM: working memory"] = (working, "rollout")
-    # vLLM's KV cache is the rest of its share.
-    kv_cache = max(0.0, share * total_bytes - width * P - working)
-    parts["vLLM: KV cache (the rest of its share)"] = (kv_cache, "rollout")
+    kv_cache = max(0.0, share * total_bytes - width * P - working)  # vLLM's KV cache is the rest of its share
+    rollout = {"vLLM: weights": width * P, "vLLM: working memory": working,
+               "vLLM: KV cache (the rest of its share)": kv_cache}
+    parts = {name: (size, phase) for phase, sizes in (("resident", resident), ("training", training),
+                                                      ("rollout", rollout)) for name, size in sizes.items()}
     return Plan(parts, total_bytes, share, sleep, kv_cache, kv_per_token=2 * arch.layers * arch.kv_dim * width,
                 sequence_tokens=cfg.max_prompt_tokens + 2 * cfg.max_completion_tokens)

@@ -13,9 +13,6 @@ import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-# vLLM in-process: rollouts run in the training process itself, no engine subprocess. Read when vLLM is imported.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
 
 def ranks_on_this_node() -> int:
     """The number of ranks this node runs: torchrun's LOCAL_WORLD_SIZE, or LOCAL_SIZE (DeepSpeed's launcher's); 1
@@ -23,8 +20,10 @@ def ranks_on_this_node() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1")
 
 
-# Without OMP_NUM_THREADS vLLM cuts torch to one thread "for serving", which would leave training on one core too.
-# Share the cores among the ranks instead.
+# Read when vLLM is imported: vLLM in-process, rollouts run in the training process itself, no engine subprocess.
+# Without OMP_NUM_THREADS vLLM cuts torch to one thread "for serving", which would leave training on one core too;
+# the cores are shared among the ranks instead.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks_on_this_node())))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -40,9 +39,9 @@ def print0(*args: object) -> None:
 
 def single_process_defaults() -> None:
     """The launcher's environment, for a plain `python canoe.py` (a world of one); the launcher's values win."""
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", str(29500 + os.getpid() % 1000))):
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
 
 
 def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
@@ -60,12 +59,8 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
 
 
 def unlink_shm_buffer(rank: int, world_size: int) -> None:
-    """Remove this rank's DeepSpeed all-reduce buffer from /dev/shm once every rank has mapped it.
-
-    DeepSpeed never removes it, so each run would leave 64 MiB per rank in the tmpfs; unlinked, the memory goes
-    back when the last process mapping it exits. DeepSpeed's own condition for a buffer decides, not a stale file,
-    so every rank takes the same branch around the barrier.
-    """
+    """Remove this rank's DeepSpeed all-reduce buffer (64 MiB, never removed by DeepSpeed) from /dev/shm once every
+    rank has mapped it; DeepSpeed's own condition for a buffer decides, so every rank takes the same branch."""
     backend = deepspeed.comm.comm.cdb
     if getattr(backend, "shm_comm_op", None) is None or os.environ.get("LOCAL_SIZE") != str(world_size):
         return
@@ -82,9 +77,6 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 def choose_dtype(name: str, *, cuda: bool, cuda_bf16: bool, cpu_flags: Collection[str]) -> tuple[torch.dtype, str]:
     """The training and sampling dtype for the config's `dtype`, and why (a pure function of the hardware).
-
-    `auto` is bfloat16 on a GPU that has it and on a CPU with AVX-512 BF16 or AMX (BF16_CPU_FLAGS), float32
-    elsewhere. float32 and bfloat16 are taken as they are.
 
     >>> choose_dtype("auto", cuda=False, cuda_bf16=False, cpu_flags={"avx2", "avx512f"})[0]
     torch.float32
@@ -124,8 +116,7 @@ def resolve_dtype(name: str, *, say: bool = False) -> torch.dtype:
 
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """The device whose tensors the process group's backend takes (NCCL: "cuda" only; gloo: "cpu"), on which
-    every collective of the trainer is built. No index: "cuda" is the current device, the rank's own GPU.
-    """
+    every collective of the trainer is built. No index: "cuda" is the current device, the rank's own GPU."""
     return torch.device(dist.distributed_c10d._get_object_coll_device(group))
 
 
@@ -177,14 +168,27 @@ def route_logs(out: Path, rank: int, *, verbose: bool = False) -> dict[str, Path
     """Send this rank's vLLM and DeepSpeed logs to files in `out` (made if missing); returns their paths.
 
     The terminal keeps the progress bar, rank 0's lines (`print0`), vLLM's errors and DeepSpeed's warnings. Files
-    are appended to (a `--resume` adds to the first run's): `vllm.log` and `deepspeed.log` on rank 0,
-    `vllm-rank-R.log` and `deepspeed-rank-R.log` on rank R > 0. `verbose` leaves vLLM's terminal handler as it
-    was. Call it before the engine is made: applying vLLM's logging config drops earlier handlers, so it is
-    applied here first and the engine then leaves the handlers alone. The launcher's own "[INFO]" lines are out of
-    reach: `deepspeed --log_level warning canoe.py ...` quiets them.
+    (`vllm.log`, `deepspeed.log`; `-rank-R` before `.log` on rank R > 0) are appended to. `verbose` leaves vLLM's
+    terminal handler as it was. Call it before the engine is made: applying vLLM's logging config drops earlier
+    handlers. The launcher's own "[INFO]" lines are out of reach: `deepspeed --log_level warning` quiets them.
     """
+    from deepspeed.utils import logger as deepspeed_logger
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import DEFAULT_LOGGING_CONFIG, configure_logging_if_needed
+    from vllm.logging_utils import NewLineFormatter
+
     out.mkdir(parents=True, exist_ok=True)
-    return {"vllm": _route_vllm(out, rank, verbose=verbose), "deepspeed": _route_deepspeed(out, rank)}
+    config = LoggingConfig()
+    configure_logging_if_needed(config)  # what the engine does at its start; it then leaves the handlers alone
+    logger = logging.getLogger("vllm")
+    plain = DEFAULT_LOGGING_CONFIG["formatters"]["vllm"]  # vLLM's text format, without the terminal's colours
+    formatter = NewLineFormatter(plain["format"], plain["datefmt"], log_level=config.log_level)
+    paths = {"vllm": _to_file(logger, out, "vllm", rank, logger.getEffectiveLevel(), formatter,
+                              None if verbose else logging.ERROR)}
+    formatter = next((h.formatter for h in deepspeed_logger.handlers if h.formatter is not None), logging.Formatter())
+    paths["deepspeed"] = _to_file(deepspeed_logger, out, "deepspeed", rank, logging.INFO, formatter, logging.WARNING)
+    deepspeed_logger.setLevel(min(deepspeed_logger.getEffectiveLevel(), logging.INFO))
+    return paths
 
 
 def is_terminal_handler(handler: logging.Handler) -> bool:
@@ -209,27 +213,4 @@ def _to_file(logger: logging.Logger, out: Path, name: str, rank: int, level: int
     for handler in logger.handlers if terminal is not None else []:
         if is_terminal_handler(handler):
             handler.setLevel(max(handler.level, terminal))
-    return path
-
-
-def _route_vllm(out: Path, rank: int, *, verbose: bool) -> Path:
-    from vllm.config.logging import LoggingConfig
-    from vllm.logger import DEFAULT_LOGGING_CONFIG, configure_logging_if_needed
-    from vllm.logging_utils import NewLineFormatter
-
-    config = LoggingConfig()
-    configure_logging_if_needed(config)  # what the engine does at its start; it then leaves the handlers alone
-    logger = logging.getLogger("vllm")
-    plain = DEFAULT_LOGGING_CONFIG["formatters"]["vllm"]  # vLLM's text format, without the terminal's colours
-    formatter = NewLineFormatter(plain["format"], plain["datefmt"], log_level=config.log_level)
-    return _to_file(logger, out, "vllm", rank, logger.getEffectiveLevel(), formatter,
-                    None if verbose else logging.ERROR)
-
-
-def _route_deepspeed(out: Path, rank: int) -> Path:
-    from deepspeed.utils import logger
-
-    formatter = next((h.formatter for h in logger.handlers if h.formatter is not None), logging.Formatter())
-    path = _to_file(logger, out, "deepspeed", rank, logging.INFO, formatter, logging.WARNING)
-    logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
     return path

@@ -1,11 +1,9 @@
 """The weight sync: the trainer's weights into the colocated vLLM engine after every update, and the proof they landed.
 
-In the order a push takes it (training/push.py's `WeightPush` calls these): every parameter under its Hugging Face
-name (`iter_full_parameters` over `walk_modules`, the one walk of the trainer's parameters; a LoRA policy sends
-less, lora.py); vLLM's in-place reload (`push_weights`); the checks, vLLM's log-probabilities of a fixed probe
-against the trainer's (`check_sync`) and outside float32 the exact sums of the pushed weights against the
-engine's (`check_weight_sums`). On CUDA vLLM sleeps at level 2 from the end of sampling until the push
-(`sleep_engine`), then wakes its weights, is pushed, and wakes its KV cache (`wake_weights`, `wake_kv_cache`).
+In a push's order (training/push.py): every parameter under its Hugging Face name (`iter_full_parameters` over
+`walk_modules`; a LoRA policy sends less, lora.py), vLLM's in-place reload (`push_weights`), then the checks: a
+fixed probe's log-probabilities against the trainer's (`check_sync`) and, outside float32, the pushed weights'
+exact sums against the engine's (`check_weight_sums`). On CUDA vLLM sleeps from the end of sampling until the push.
 """
 
 from __future__ import annotations
@@ -47,18 +45,14 @@ def walk_modules(model: torch.nn.Module, zero_stage: int, *, only: Callable[[str
             continue
         if isinstance(module, whole):
             inside = name + "."
-            params = list(module.parameters())
-            with deepspeed.zero.GatheredParameters(params) if zero_stage >= 3 and params else contextlib.nullcontext():
+            with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=zero_stage >= 3):
                 yield name, module, None
             continue
         own = [(key, p) for key, p in module.named_parameters(recurse=False) if id(p) not in seen]
         seen.update(id(p) for _, p in own)
-        if zero_stage < 3 or not own:
-            yield name, module, [(key, p.detach()) for key, p in own]
-            continue
-        with deepspeed.zero.GatheredParameters([p for _, p in own]):
-            copies = [(key, p.detach().clone()) for key, p in own]
-        yield name, module, copies
+        with deepspeed.zero.GatheredParameters([p for _, p in own], enabled=zero_stage >= 3):
+            own = [(key, p.detach().clone() if zero_stage >= 3 else p.detach()) for key, p in own]
+        yield name, module, own
 
 
 def iter_full_parameters(model: torch.nn.Module, zero_stage: int, *,
@@ -75,12 +69,8 @@ VLLM_CPU_DISPATCH = vllm_layer_utils.dispatch_cpu_unquantized_gemm
 
 
 def keep_cpu_linear_weights() -> None:
-    """Make vLLM's CPU backend keep its linear weights as parameters, so that a push can reach them.
-
-    It builds a packed kernel from a copy of each linear weight and by default empties the parameter, so a reload
-    would load values no kernel reads; `push_weights` then rebuilds the kernels. Process-wide; call it before
-    creating an engine.
-    """
+    """Make vLLM's CPU backend keep its linear weights as parameters (it packs a copy into its kernel and by default
+    empties the parameter, which a reload would then fill unread); process-wide, before creating an engine."""
     if getattr(vllm_layer_utils.dispatch_cpu_unquantized_gemm, "packed", None):
         return
 
@@ -91,19 +81,12 @@ def keep_cpu_linear_weights() -> None:
     vllm_layer_utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
-def _repack_worker(worker) -> int:
-    count = 0
+def repack_cpu_linear(worker) -> None:
+    """Rebuild a CPU engine's packed linear kernels from its parameters (on each worker, `collective_rpc`)."""
     for module in worker.model_runner.model.modules():
         weight = getattr(module, "weight", None)
         if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2 and weight.numel():
             VLLM_CPU_DISPATCH(module, remove_weight=False)
-            count += 1
-    return count
-
-
-def repack_cpu_linear(llm) -> int:
-    """Rebuild the CPU engine's packed linear kernels from its parameters; returns the layer count."""
-    return sum(llm.collective_rpc(_repack_worker))
 
 
 def cpu_kernels_are_packed() -> bool:
@@ -122,11 +105,10 @@ def _not_partial_reload(record: logging.LogRecord) -> bool:
 
 def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bool | None = None,
                  partial: bool = False) -> float:
-    """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache. Returns seconds.
+    """Load `weights` (Hugging Face names) into the engine in place and drop its prefix cache; returns seconds.
 
-    `repack` rebuilds the packed CPU kernels afterwards (None: where the engine's kernels are packed). The reload
-    rebuilds the kernel of each layer it loads but not a tied head's, so a whole-model push needs it. `partial`
-    (some weights left out, as lora.MergedPush sends) silences the reload's warning for each of them.
+    `repack` rebuilds the packed CPU kernels afterwards (None: where they are packed); the reload rebuilds those of
+    the layers it loads but not a tied head's. `partial` (weights left out) silences the reload's warnings.
     """
     start = time.perf_counter()
     loggers = [logging.getLogger(name) for name in RELOAD_LOGGERS]
@@ -138,7 +120,7 @@ def push_weights(llm, weights: Iterable[tuple[str, torch.Tensor]], *, repack: bo
         for logger in loggers:
             logger.removeFilter(_not_partial_reload)
     if cpu_kernels_are_packed() if repack is None else repack:
-        repack_cpu_linear(llm)
+        llm.collective_rpc(repack_cpu_linear)
     llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
     return time.perf_counter() - start
 
