@@ -45,7 +45,7 @@ from plumbing import checkpoint, lora, weight_sync
 from plumbing.runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs
 from training import cli, packing, preflight
 from training.metrics import RunLog, Step, step_metrics, timing, truncate_log, write_run_info
-from training.optimizer import deepspeed_config, lr_lambda
+from training.optimizer import deepspeed_config, lr_schedule
 from training.push import WeightPush
 from training.scoring import reward_counts, reward_metrics
 
@@ -145,11 +145,10 @@ def load_models(cfg: Config, dtype: torch.dtype, device, world_size: int, total_
     if cfg.lora_rank:
         policy = lora.wrap(policy, **cfg.lora_settings())
     preflight.check_fits(cfg, sum(p.numel() for p in policy.parameters()), dtype, lora.trainable_parameters(policy))
-    schedule = lr_lambda(cfg, total_steps * cfg.num_iterations)
     engine, _, _, _ = deepspeed.initialize(
         model=policy, model_parameters=[p for p in policy.parameters() if p.requires_grad],
         config=deepspeed_config(cfg, world_size, dtype, train=True),
-        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
+        lr_scheduler=lambda optimizer: lr_schedule(cfg, optimizer, total_steps * cfg.num_iterations),
     )
     if cfg.beta == 0 or cfg.lora_rank:
         return engine, None
@@ -288,7 +287,9 @@ def loss_denominators(kept: torch.Tensor, batches: list[Batch]) -> dict[str, flo
 def fixed_logprobs(run: Run, batches: list[Batch], totals: dict | None) -> None:
     """What stays fixed while training on this rollout, for every sampled token: π_ref (the frozen reference model,
     or with LoRA the policy with its adapters disabled; none when β = 0) and π_old when μ > 1 (with μ = 1 `update`
-    takes its first pass's own values, detached). Nothing when `totals` is None."""
+    takes its first pass's own values, detached). Nothing when `totals` is None. Every π here and in `update` is the
+    softmax of the logits divided by the sampling temperature, the distribution that drew the tokens; differs from
+    CANOE (docs/differences.md, D21), which uses the unscaled logits."""
     if totals is None:
         return
     with timing(run, "ref_logprobs"):
@@ -297,12 +298,12 @@ def fixed_logprobs(run: Run, batches: list[Batch], totals: dict | None) -> None:
             reference.eval()
             with lora.adapters_disabled(reference):
                 for batch in batches:
-                    batch.ref = completion_logprobs(reference, batch.packed)
+                    batch.ref = completion_logprobs(reference, batch.packed, run.cfg.temperature)
     with timing(run, "old_logprobs"):
         if run.variants.num_iterations > 1:
             run.engine.train()  # as in the training passes
             for batch in batches:
-                batch.old = completion_logprobs(run.engine, batch.packed)
+                batch.old = completion_logprobs(run.engine, batch.packed, run.cfg.temperature)
 
 
 def update(run: Run, batches: list[Batch], totals: dict[str, float] | None) -> list[tuple[torch.Tensor, dict]]:
@@ -316,7 +317,7 @@ def update(run: Run, batches: list[Batch], totals: dict[str, float] | None) -> l
         for batch in batches:
             with timing(run, "forward_backward"):
                 run.engine.train()
-                logprobs = completion_logprobs(run.engine, batch.packed)  # (M, C)
+                logprobs = completion_logprobs(run.engine, batch.packed, run.cfg.temperature)  # (M, C)
                 if batch.old is None:  # μ = 1: the policy that sampled is the one being trained
                     batch.old = logprobs.detach()
                 loss, metrics = grpo_loss(logprobs, batch.old, batch.ref, batch.advantages, batch.mask,

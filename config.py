@@ -68,7 +68,7 @@ class Config:
     # --- rollout
     num_generations: int = _key(7, "G, samples per prompt in stage 1 (the group of the advantage)")
     max_completion_tokens: int = _key(1024, "max new tokens per completion, stage 1 and stage 2")
-    temperature: float = _key(0.9, "sampling temperature, stage 1 and stage 2")
+    temperature: float = _key(0.9, "sampling temperature, stage 1 and stage 2; π_θ, π_old, π_ref are taken at it")
     top_p: float = _key(1.0, "nucleus sampling, stage 1 and stage 2")
     dual: bool = _key(True, "run stage 2 (CANOE's do_long_answer); without it influence is always 0")
     vllm_gpu_memory_utilization: float = _key(0.7, "GPU memory share vLLM may take (`--plan-memory` shows what fits)")

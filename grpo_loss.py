@@ -210,7 +210,7 @@ def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
 
 
 class _TokenLogprobs(torch.autograd.Function):
-    """log softmax(logits)[token] chunk by chunk, with a hand-written backward that also works chunk by chunk.
+    """log softmax(logits / τ)[token] chunk by chunk, with a hand-written backward that also works chunk by chunk.
 
     Autograd through `logsumexp(chunk.float())` would keep every chunk's float32 copy alive until the backward
     pass, i.e. the full float32 logits after all. Saving only the original logits and the `(N, T)` log-normaliser
@@ -218,33 +218,34 @@ class _TokenLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, tokens: Tensor, chunk_size: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx, logits: Tensor, tokens: Tensor, chunk_size: int,  # type: ignore[override]
+                temperature: float) -> Tensor:
         N, T, V = logits.shape
         out = torch.empty(N, T, dtype=torch.float32, device=logits.device)  # (N, T)
         log_normalizer = torch.empty(N, T, dtype=torch.float32, device=logits.device)  # (N, T)
         for n, start, stop in _chunks(N, T, chunk_size):
-            block = logits[n, start:stop].float()  # (C, V), the only float32 copy alive
+            block = logits[n, start:stop].float() / temperature  # (C, V), the only float32 copy alive (τ = 1: exact)
             lse = torch.logsumexp(block, dim=-1)  # (C,)
             picked = block.gather(-1, tokens[n, start:stop, None]).squeeze(-1)  # (C,)
             out[n, start:stop] = picked - lse
             log_normalizer[n, start:stop] = lse
         ctx.save_for_backward(logits, tokens, log_normalizer)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.temperature = chunk_size, temperature
         return out
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
         logits, tokens, log_normalizer = ctx.saved_tensors
         N, T, V = logits.shape
         grad_out = grad_out.float()  # (N, T)
         grad_logits = torch.empty(N, T, V, dtype=logits.dtype, device=logits.device)  # (N, T, V)
         for n, start, stop in _chunks(N, T, ctx.chunk_size):
-            # d log p(token) / d logit_v = 1[v == token] - softmax_v
-            probs = torch.exp(logits[n, start:stop].float() - log_normalizer[n, start:stop, None])  # (C, V)
-            upstream = grad_out[n, start:stop, None]  # (C, 1)
+            # d log p(token) / d logit_v = (1[v == token] - softmax(logits / τ)_v) / τ
+            probs = torch.exp(logits[n, start:stop].float() / ctx.temperature - log_normalizer[n, start:stop, None])
+            upstream = grad_out[n, start:stop, None] / ctx.temperature  # (C, 1)
             block_grad = (-upstream * probs).scatter_add(-1, tokens[n, start:stop, None], upstream)  # (C, V)
             grad_logits[n, start:stop] = block_grad.to(logits.dtype)
-        return grad_logits, None, None
+        return grad_logits, None, None, None
 
 
 def _chunks(N: int, T: int, chunk_size: int) -> Iterable[tuple[int, int, int]]:
@@ -255,10 +256,10 @@ def _chunks(N: int, T: int, chunk_size: int) -> Iterable[tuple[int, int, int]]:
             yield n, start, min(start + chunk_size, T)
 
 
-def token_logprobs(logits: Tensor, tokens: Tensor, chunk_size: int = 512) -> Tensor:
-    """`log_softmax(logits)[n, t, tokens[n, t]]` as `(N, T)` float32, differentiable in `logits` `(N, T, V)`, which
-    must already be aligned with `tokens` `(N, T)`. At most `chunk_size` positions × V are upcast to float32 at a
-    time, in forward and backward: the float32 `(N, T, V)` copy of `log_softmax(logits.float())` is never built."""
+def token_logprobs(logits: Tensor, tokens: Tensor, chunk_size: int = 512, temperature: float = 1.0) -> Tensor:
+    """`log_softmax(logits / temperature)[n, t, tokens[n, t]]` as `(N, T)` float32, differentiable in `logits`
+    `(N, T, V)`, which must already be aligned with `tokens` `(N, T)`. At most `chunk_size` positions × V are upcast
+    to float32 at a time, in forward and backward: the float32 `(N, T, V)` copy of the log-softmax is never built."""
     if logits.dim() != 3:
         raise ValueError(f"logits must be (N, T, V), got shape {tuple(logits.shape)}")
     if tokens.shape != logits.shape[:2]:
@@ -269,16 +270,19 @@ def token_logprobs(logits: Tensor, tokens: Tensor, chunk_size: int = 512) -> Ten
         raise ValueError(f"logits must be floating point, got {logits.dtype}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    return _TokenLogprobs.apply(logits, tokens, chunk_size)
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    return _TokenLogprobs.apply(logits, tokens, chunk_size, float(temperature))
 
 
-def completion_logprobs(model, packed) -> Tensor:
-    """log π of every completion token of a packed micro-batch (training/packing.py): `(n, C)`, 0 on padding. Only
-    the T predicting positions go through the output head (`logits_to_keep` as indices)."""
+def completion_logprobs(model, packed, temperature: float = 1.0) -> Tensor:
+    """log π of every completion token of a packed micro-batch (training/packing.py): `(n, C)`, 0 on padding, where
+    π = softmax(logits / `temperature`), the distribution the tokens were sampled from. Only the T predicting
+    positions go through the output head (`logits_to_keep` as indices)."""
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids,
                    attention_mask=packed.attention_mask(model), logits_to_keep=packed.predictors,
                    use_cache=False).logits  # (1, T, V)
-    flat = token_logprobs(logits, packed.targets[None])[0]  # (T,)
+    flat = token_logprobs(logits, packed.targets[None], temperature=temperature)[0]  # (T,)
     mask = packed.completion_mask.bool()  # (n, C)
     out = torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device)  # (n, C)
     return out.masked_scatter(mask, flat)  # row-major order of the mask = completion after completion

@@ -96,6 +96,9 @@ def make_engine(model_path: str, *, dtype: str, seed: int, max_model_len: int, g
     the CPU the KV cache gets `cpu_kv_cache_gib` (vLLM's CPU worker would take a share of the host's memory and
     refuse to start without it free). `lora_rank > 0` lets vLLM apply one LoRA adapter (lora.AdapterPush).
     `trainer_seed` reseeds torch after the start-up, which seeds it alike on every rank (LoRA dropout masks).
+    Sampled tokens carry vLLM's processed log-probabilities, log-softmax of the logits after the temperature (and
+    top-p), the distribution that drew them, which the trainer's π at the same temperature matches (D21); vLLM's
+    default, raw ones are before the temperature. Prompt log-probabilities (the push's probe) are raw in either mode.
     """
     lora = {}
     if lora_rank:
@@ -110,7 +113,7 @@ def make_engine(model_path: str, *, dtype: str, seed: int, max_model_len: int, g
               gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
               distributed_executor_backend="external_launcher", tensor_parallel_size=1,
               enable_sleep_mode=enable_sleep_mode, sleep_mode_offload_cudagraph=enable_sleep_mode,
-              enforce_eager=not torch.cuda.is_available(), **lora)
+              enforce_eager=not torch.cuda.is_available(), logprobs_mode="processed_logprobs", **lora)
     if trainer_seed is not None:
         torch.manual_seed(trainer_seed)
     return llm

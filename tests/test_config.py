@@ -216,14 +216,18 @@ def test_the_optimizer_is_torchs_fused_adamw_on_a_gpu_too(monkeypatch):
     assert "torch_adam" not in offload["optimizer"]["params"]
 
 
-def test_learning_rate_schedule():
-    cfg = Config(warmup_ratio=0.1, lr_scheduler="cosine")
-    factor = optimizer.lr_lambda(cfg, total_steps=100)  # 10 warm-up steps
-    assert factor(0) == pytest.approx(1 / 11)
-    assert factor(10) == pytest.approx(1.0)
-    assert factor(55) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.5)))
-    assert factor(100) == pytest.approx(0.0, abs=1e-12)
-    assert optimizer.lr_lambda(Config(warmup_ratio=0.0, lr_scheduler="constant"), 10)(7) == 1.0
+def test_learning_rate_schedule_is_canoes():
+    """⌈ratio · steps⌉ warm-up steps at step / warmup (the first update's rate is 0), as Hugging Face's trainer."""
+    def factors(cfg, total_steps, steps):
+        sgd = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        return [optimizer.lr_schedule(cfg, sgd, total_steps).lr_lambdas[0](step) for step in steps]
+
+    # 0.1 × 100 = 10 warm-up steps; cosine over the 90 after them: halfway (step 55) at 0.5, 0 at the end
+    assert factors(Config(warmup_ratio=0.1, lr_scheduler="cosine"), 100, [0, 5, 10, 55, 100]) == pytest.approx(
+        [0.0, 0.5, 1.0, 0.5 * (1 + math.cos(math.pi * 0.5)), 0.0], abs=1e-12)
+    # the default: 0.05 × 24 = 1.2, rounded up to 2 warm-up steps (0, 1/2), then constant
+    assert factors(Config(warmup_ratio=0.05, lr_scheduler="constant"), 24, [0, 1, 2, 23]) == [0.0, 0.5, 1.0, 1.0]
+    assert factors(Config(warmup_ratio=0.0, lr_scheduler="constant"), 10, [0, 7]) == [1.0, 1.0]
 
 
 @pytest.mark.skipif(not (ROOT / "models" / "smoke-llama").exists(), reason="needs `make setup`")

@@ -342,6 +342,40 @@ def test_token_logprobs_matches_log_softmax_fp32(chunk_size):
     assert_close(_grad((out * upstream).sum(), logits), _grad((reference * upstream).sum(), logits))
 
 
+def test_token_logprobs_at_a_sampling_temperature():
+    # Logits (0, ln 3) at τ = 1/2 become (0, 2 ln 3) = (0, ln 9): softmax (1/10, 9/10).
+    logits = torch.tensor([[[0.0, math.log(3.0)], [0.0, math.log(3.0)]]])  # (1, 2, 2)
+    out = token_logprobs(logits, torch.tensor([[1, 0]]), temperature=0.5)
+    assert_close(out, torch.tensor([[math.log(0.9), math.log(0.1)]]))
+    generator = torch.Generator().manual_seed(6)
+    logits = (3 * torch.randn(2, 5, 17, generator=generator)).requires_grad_()  # (N, T, V)
+    tokens = torch.randint(0, 17, (2, 5), generator=generator)  # (N, T)
+    upstream = torch.randn(2, 5, generator=generator)  # (N, T)
+    out = token_logprobs(logits, tokens, chunk_size=3, temperature=0.7)
+    reference = _reference_logprobs(logits / 0.7, tokens)  # d/dlogits carries the 1/τ
+    assert_close(out, reference)
+    assert_close(_grad((out * upstream).sum(), logits), _grad((reference * upstream).sum(), logits))
+    assert not torch.allclose(out, _reference_logprobs(logits, tokens))  # the temperature does act
+
+
+def test_token_logprobs_at_temperature_one_is_bit_identical_to_the_unscaled_rule():
+    """τ = 1 changes no bit: the forward is `gather - logsumexp` of the float32 logits, the backward
+    `1[v == token] - softmax` times the upstream gradient, exactly as without a temperature."""
+    generator = torch.Generator().manual_seed(7)
+    logits = (3 * torch.randn(2, 5, 17, generator=generator)).to(torch.bfloat16).requires_grad_()  # (N, T, V)
+    tokens = torch.randint(0, 17, (2, 5), generator=generator)  # (N, T)
+    upstream = torch.randn(2, 5, generator=generator)  # (N, T)
+    out = token_logprobs(logits, tokens, temperature=1.0)  # one chunk per sequence
+    (out * upstream).sum().backward()
+    for n in range(2):
+        block = logits[n].detach().float()  # (T, V)
+        lse = torch.logsumexp(block, dim=-1)  # (T,)
+        assert torch.equal(out[n], block.gather(-1, tokens[n, :, None]).squeeze(-1) - lse)
+        up = upstream[n, :, None]  # (T, 1)
+        grad = (-up * torch.exp(block - lse[:, None])).scatter_add(-1, tokens[n, :, None], up)  # (T, V)
+        assert torch.equal(logits.grad[n], grad.to(torch.bfloat16))
+
+
 def test_token_logprobs_bf16():
     generator = torch.Generator().manual_seed(4)
     logits = (3 * torch.randn(2, 5, 17, generator=generator)).to(torch.bfloat16).requires_grad_()  # (N, T, V)
@@ -422,6 +456,8 @@ def test_token_logprobs_errors():
         token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.int32))
     with pytest.raises(ValueError, match="chunk_size"):
         token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), chunk_size=0)
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), temperature=0.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

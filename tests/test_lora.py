@@ -101,7 +101,7 @@ def test_the_step_trains_only_the_adapters_pushes_the_merge_and_scores_the_refer
     assert len(moved) == len(adapters_before)  # every A and B moved
     batch = step.micro_batches[0]
     with torch.no_grad():
-        expected = completion_logprobs(plain, batch.packed)  # (M, C)
+        expected = completion_logprobs(plain, batch.packed, run.cfg.temperature)  # (M, C), at the sampling τ
     torch.testing.assert_close(batch.ref, expected, rtol=0, atol=1e-5)
 
 

@@ -70,14 +70,15 @@ def tiny(kind: str, attn: str):
     return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
 
 
-def one_at_a_time(model, groups):
-    """The plain computation: each prompt + completion alone (no padding, no mask), full log-softmax."""
+def one_at_a_time(model, groups, temperature=1.0):
+    """The plain computation: each prompt + completion alone (no padding, no mask), full log-softmax of the logits
+    divided by the sampling temperature."""
     rows = []
     for prompt, completions in groups:
         for completion in completions:
             ids = torch.tensor([list(prompt) + list(completion)])
             logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]  # (|c|, V)
-            rows.append(torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(prompt):, None])[:, 0])
+            rows.append(torch.log_softmax(logits.float() / temperature, -1).gather(-1, ids[0, len(prompt):, None])[:, 0])
     return rows
 
 
@@ -86,16 +87,17 @@ GROUPS = [([3, 14, 15, 9, 2, 6], [[5, 3, 5], [8], [9, 7, 9, 3, 2]]), ([38, 4], [
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_packed_logprobs_and_gradients_equal_one_sequence_at_a_time(kind, attn):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_packed_logprobs_and_gradients_equal_one_sequence_at_a_time(kind, attn, temperature):
     model = tiny(kind, attn)
-    expected = one_at_a_time(model, GROUPS)
+    expected = one_at_a_time(model, GROUPS, temperature)
     weights = [torch.linspace(-1, 2, len(row)) for row in expected]  # any per-token weighting of the loss
     sum((w * row).sum() for w, row in zip(weights, expected)).backward()
     expected_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
 
     packed = packing.pack(GROUPS)
-    got = grpo_loss.completion_logprobs(model, packed)  # (5, 5)
+    got = grpo_loss.completion_logprobs(model, packed, temperature)  # (5, 5)
     for i, row in enumerate(expected):
         torch.testing.assert_close(got[i, : len(row)], row, atol=1e-5, rtol=1e-5)
         assert (got[i, len(row):] == 0).all()

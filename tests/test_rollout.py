@@ -238,6 +238,27 @@ def test_the_trainer_draws_its_own_seed_after_the_engine_seeded_torch(monkeypatc
 
 # ---------------------------------------------------------------------------------------------- seeds on CUDA
 
+SMOLLM2 = Path(__file__).resolve().parent.parent / "models" / "SmolLM2-135M-Instruct"
+
+
+@pytest.mark.skipif(not SMOLLM2.exists(), reason="run `make setup` first (makes models/SmolLM2-135M-Instruct)")
+def test_vllm_logprobs_of_its_samples_are_the_trainers_at_the_sampling_temperature():
+    """At τ = 0.7 the engine returns the log-probabilities of the distribution that drew each token (processed,
+    after the temperature), which the trainer's π at τ matches within the float32 probe tolerance; the trainer's
+    unscaled π (or vLLM's raw values) would miss by far more."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent / "tempered_rollout.py"
+    done = subprocess.run([sys.executable, str(script), str(SMOLLM2), "0.7"], capture_output=True, text=True,
+                          timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["tokens"] >= 8
+    assert result["tempered"]["passed"] and result["tempered"]["gap"] <= 1e-3
+    assert not result["unscaled"]["passed"] and result["unscaled"]["gap"] > 0.1
+
 
 class V2SamplingEngine:
     """vLLM 0.32's `LLM.generate` on CUDA with the default (V2) model runner, as far as seeding goes:

@@ -218,9 +218,9 @@ def test_the_engine_sleeps_while_the_trainer_trains(tmp_path, process_group, mon
     seen = []
     completion_logprobs = canoe.completion_logprobs
 
-    def watched(model, packed):
+    def watched(model, packed, temperature):
         seen.append(set(llm.asleep))
-        return completion_logprobs(model, packed)
+        return completion_logprobs(model, packed, temperature)
 
     monkeypatch.setattr(canoe, "completion_logprobs", watched)
     canoe.train_step(run)

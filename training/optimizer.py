@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
+from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
 from config import Config
 
@@ -46,17 +47,10 @@ def deepspeed_config(cfg: Config, world_size: int, dtype, *, train: bool) -> dic
     return ds
 
 
-def lr_lambda(cfg: Config, total_steps: int):
-    """The LR factor per optimizer step: linear warm-up over warmup_ratio of `total_steps` (training steps ×
-    num_iterations), then cosine to 0 (or constant)."""
-    warmup = int(cfg.warmup_ratio * total_steps)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        if cfg.lr_scheduler == "constant":
-            return 1.0
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
+def lr_schedule(cfg: Config, optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """CANOE's schedule, as its Hugging Face trainer builds it: ⌈warmup_ratio · `total_steps`⌉ warm-up steps (training
+    steps × num_iterations) at step / warmup, so the first update's rate is 0, then cosine to 0 or constant."""
+    warmup = math.ceil(cfg.warmup_ratio * total_steps)
+    if cfg.lr_scheduler == "constant":
+        return get_constant_schedule_with_warmup(optimizer, warmup)
+    return get_cosine_schedule_with_warmup(optimizer, warmup, total_steps)

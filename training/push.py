@@ -83,7 +83,7 @@ class WeightPush:
         prompt, completion = self.probe
         device = next(getattr(engine, "module", engine).parameters()).device
         engine.eval()
-        with torch.no_grad():
+        with torch.no_grad():  # τ = 1 on both sides: vLLM's prompt log-probabilities are never tempered
             trainer = grpo_loss.completion_logprobs(engine, packing.pack([(prompt, [completion])], device))[0]
         engine.train()
         vllm = weight_sync.vllm_token_logprobs(self.llm, prompt, completion, self.lora_request)
