@@ -13,8 +13,10 @@ dropped for its length.
 
 The two sides:
 - the policy, under `--config`'s prompt (the one it was trained with). A LoRA checkpoint (a `policy/` folder with
-  `adapter/` beside it) is always evaluated the same way, whatever dtype it trained in: its base model, as stored,
-  with the adapter merged in float32 (exact), loaded by vLLM like any model (`policy_folder`);
+  `adapter/` beside it) runs as `--eval` runs it, as training's rollout engine ran it (evaluate.adapter_rank, by
+  `--config`'s `lora_push` and the engines' dtype): its base with the adapter applied by vLLM where training pushed
+  the adapter (by default on a GPU outside float32), else the adapter merged in float32 (exact) into its base, as
+  stored, loaded by vLLM like any model (`policy_folder`);
 - the base model of `--config` under `--plain`'s prompt (recipes/plain-prompt.toml: a plain system prompt, no
   response prefix), the baseline a user would pick.
 Both decode greedily in one vLLM engine each, in `--dtype` (default: what the config's dtype resolves to here).
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -195,6 +198,7 @@ class Side:
     digest: str
     style: dict[str, str]
     merged_from: dict | None = None  # base and adapter of a LoRA checkpoint merged in float32
+    adapter: tuple[str, int] | None = None  # a LoRA checkpoint's adapter folder and rank, applied by vLLM
 
 
 def policy_folder(model: Path, work: Path) -> tuple[Path, str, dict | None]:
@@ -235,7 +239,7 @@ def answer(side: Side, targets: list[Target], problems: dict[str, list[str]], to
     for target in targets:
         max_tokens = cfg.max_completion_tokens if target.suite is None else cfg.suite_max_tokens
         decoding = {"dtype": dtype, "max_tokens": max_tokens, "temperature": 0.0, "suite": target.suite,
-                    "items": len(problems[target.name])}
+                    "items": len(problems[target.name]), **({"adapter_applied": True} if side.adapter else {})}
         key = cache_key(side.digest, side.style, digest_files([target.path]), decoding)
         path = cache / f"{key}.json"
         if path.exists():
@@ -250,7 +254,7 @@ def answer(side: Side, targets: list[Target], problems: dict[str, list[str]], to
         evaluate.merge_in_float32(side.merged_from["base"], side.merged_from["adapter"], side.model)
     start_time = time.perf_counter()
     texts = generate(cfg, side.model, dtype, [(ids, max_tokens) for _, all_ids, max_tokens, _ in todo
-                                              for ids in all_ids])
+                                              for ids in all_ids], side.adapter)
     print(f"{side.name}: {len(texts)} outputs in {time.perf_counter() - start_time:.0f} s")
     cache.mkdir(parents=True, exist_ok=True)
     start = 0
@@ -261,9 +265,11 @@ def answer(side: Side, targets: list[Target], problems: dict[str, list[str]], to
     return outputs
 
 
-def generate(cfg, model: Path, dtype: str, requests: list[tuple[list[int], int]]) -> list[str]:
+def generate(cfg, model: Path, dtype: str, requests: list[tuple[list[int], int]],
+             adapter: tuple[str, int] | None = None) -> list[str]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 
     import rollout
 
@@ -271,9 +277,10 @@ def generate(cfg, model: Path, dtype: str, requests: list[tuple[list[int], int]]
     llm = rollout.make_engine(str(model), dtype=dtype, seed=cfg.seed,
                               max_model_len=max(len(ids) + n for ids, n in requests),
                               gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, enable_sleep_mode=False,
-                              cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib)
+                              cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib, lora_rank=adapter[1] if adapter else 0)
     params = [SamplingParams(n=1, max_tokens=n, temperature=0.0, seed=cfg.seed) for _, n in requests]
-    results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, _ in requests], params, use_tqdm=True)
+    results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, _ in requests], params, use_tqdm=True,
+                           lora_request=LoRARequest("policy", 1, adapter[0]) if adapter else None)
     return [r.outputs[0].text for r in results]
 
 
@@ -449,6 +456,12 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(dir=out) as work:
         folder, digest, merged_from = policy_folder(model, Path(work))
         policy = Side("policy", folder, digest, cfg.prompt_style(), merged_from)
+        rank = merged_from and evaluate.adapter_rank(cfg, merged_from["adapter"], getattr(torch, dtype),
+                                                     cuda=torch.cuda.is_available())
+        if rank:  # as training's rollout engine ran it: the base with the adapter applied, nothing merged
+            policy = Side("policy", Path(merged_from["base"]), digest, cfg.prompt_style(),
+                          adapter=(merged_from["adapter"], rank))
+            merged_from = None
         base = Path(cfg.model).resolve() if not Path(cfg.model).is_absolute() else Path(cfg.model)
         plain = Side("plain", base, model_digest(base), plain_cfg.prompt_style())
         read = {t.name: read_items(t) for t in targets}
@@ -474,7 +487,8 @@ def main(argv: list[str] | None = None) -> None:
           f"({', '.join(f'{k} {v}' for k, v in copied.items())})")
     print(f"ends right after </think>: {sum(stopped.values())} of {total} "
           f"({', '.join(f'{k} {v}' for k, v in stopped.items())})")
-    report = {"model": str(model), "merged_in_float32_from": merged_from, "config": args.config, "plain": args.plain,
+    report = {"model": str(model), "merged_in_float32_from": merged_from, "adapter_applied": policy.adapter,
+              "config": args.config, "plain": args.plain,
               "base": str(base), "eval_dtype": dtype, "run_dtype": run_dtype, "seed": seed, "draws": args.draws,
               "files": {t.name: {"path": str(t.path), "suite": t.suite, "n": len(items[t.name])} for t in targets},
               "table": table, "example_names": names, "example_copied": copied, "ends_after_think": stopped,

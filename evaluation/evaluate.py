@@ -13,8 +13,10 @@ the report adds suites.official_last_printed, the figure the official scripts wo
 
 Generation is greedy; `--sample` samples with the model's generation_config.json (Hugging Face's defaults for what it
 leaves out) and the config's seed. The official runs sample unseeded in fp16, one prompt at a time; we batch in vLLM
-with the config's dtype. A LoRA checkpoint is evaluated as its adapter merged into its base in float32. Results go to
-OUTPUT_DIR/eval/<name>.json, with every prediction in <name>.predictions.jsonl beside it.
+with the config's dtype. A LoRA checkpoint runs as training's rollout engine ran it (`adapter_rank`): on a GPU outside
+float32 as its base with the adapter applied by vLLM (W + s·B·A rounded to bfloat16 would lose every update entry
+below half a step of W), elsewhere as the adapter merged into its base in float32, loaded at the config's dtype.
+Results go to OUTPUT_DIR/eval/<name>.json, with every prediction in <name>.predictions.jsonl beside it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch and vLLM load)
 
 import contextlib
+import dataclasses
 import json
 import tempfile
 import warnings
@@ -80,33 +83,44 @@ def sampling_settings(model: str, sample: bool) -> dict[str, Any]:
 
 def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, Any], max_model_len: int,
              max_tokens: int) -> list[str]:
-    """One answer per prompt (at most `max_tokens` new tokens) from a vLLM engine on `model`, with the config's
-    response prefix put back in front."""
+    """One answer per prompt (at most `max_tokens` new tokens), the config's response prefix put back in front, from
+    vLLM on `model` as training's rollout engine held it: a LoRA checkpoint's base with its adapter applied where
+    training pushed the adapter (`adapter_rank`), else its float32 merge, beside it for as long as the engine runs."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 
     import rollout
 
     runtime.single_process_defaults()
     dtype = runtime.resolve_dtype(cfg.dtype)
     source = lora_checkpoint(model)
-    with tempfile.TemporaryDirectory(dir=Path(model).parent) if source else contextlib.nullcontext() as work:
-        if source:
+    rank = adapter_rank(cfg, source[1], dtype, cuda=torch.cuda.is_available()) if source else 0
+    merge = source if source and not rank else None
+    with tempfile.TemporaryDirectory(dir=Path(model).parent) if merge else contextlib.nullcontext() as work:
+        if merge:
             model = str(Path(work) / "merged")
-            print(f"merging {source[1]} into {source[0]} in float32 for the evaluation")
-            merge_in_float32(*source, Path(model))
-        llm = rollout.make_engine(model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
+            print(f"merging {merge[1]} into {merge[0]} in float32 for the evaluation")
+            merge_in_float32(*merge, Path(model))
+        llm = rollout.make_engine(source[0] if rank else model, dtype=str(dtype).removeprefix("torch."), seed=cfg.seed,
                                   max_model_len=max_model_len, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                                  enable_sleep_mode=False, cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib)
+                                  enable_sleep_mode=False, cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib, lora_rank=rank)
         params = SamplingParams(n=1, max_tokens=max_tokens, seed=cfg.seed, **settings)
-        results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=True)
+        results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=True,
+                               lora_request=LoRARequest("policy", 1, source[1]) if rank else None)
     return [cfg.response_prefix + r.outputs[0].text for r in results]
+
+
+def adapter_rank(cfg, adapter: str, dtype: torch.dtype, *, cuda: bool) -> int:
+    """The adapter's rank where vLLM applies it to the base, as training's rollout engine did (Config.pushes_adapter
+    at that rank: by default on a GPU outside float32); 0 where its float32 merge runs, as merged pushes do."""
+    rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
+    return rank if dataclasses.replace(cfg, lora_rank=rank).pushes_adapter(dtype, cuda=cuda) else 0
 
 
 def lora_checkpoint(model: str) -> tuple[str, str] | None:
     """(base model folder, adapter folder) when `model` is a LoRA run's `policy/` with `adapter/` beside it, else
-    None. Every evaluation runs such a checkpoint as the adapter merged into its base in float32, so that one trained
-    in bfloat16 (whose `policy/` lost the small entries of s·B·A) reads like one trained in float32."""
+    None. That `policy/` is merged in the training dtype: in bfloat16 it lost the entries of s·B·A below W's step."""
     adapter = Path(model).parent / "adapter"
     if Path(model).name != "policy" or not (adapter / "adapter_config.json").exists():
         return None

@@ -9,12 +9,15 @@ hooks:
 - `after_step_N`: the process dies right after the checkpoint of step N (a crash or a pre-emption);
 - `mid_checkpoint_N`: it dies while checkpoint N is written, before it is made the latest;
 - `avx2_machine`, `amx_machine`: the CPU reports the flags of an AVX2-only or of an AMX machine, so that `dtype = "auto"`
-  resolves as it would there (runtime.cpu_flags).
+  resolves as it would there (runtime.cpu_flags);
+- `record_greedy`: no fault, a record: after the last step (its push done) the rollout engine's greedy completions
+  of the first training prompts go to OUTPUT_DIR/greedy.json, what the run's sampler holds at its end.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -22,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import canoe  # noqa: E402
+import rollout  # noqa: E402
 from plumbing import checkpoint  # noqa: E402
 from plumbing import runtime  # noqa: E402
 from plumbing import weight_sync  # noqa: E402
@@ -80,15 +84,33 @@ def fake_cpu(kind: str) -> None:
     runtime.cpu_flags = lambda: set(CPU_FLAGS[kind])
 
 
+def record_greedy(prompts: int = 3) -> None:
+    original = canoe.train_step
+
+    def patched(run):
+        step = original(run)
+        if run.step == run.total_steps:
+            rows = run.rows[:prompts]
+            completions = rollout._sample(run.llm, [r["prompt_ids"] for r in rows], 1, 0, temperature=0.0, top_p=1.0,
+                                          max_tokens=run.cfg.max_completion_tokens,
+                                          lora_request=run.push.lora_request, prefix=run.cfg.response_prefix)
+            (run.out / "greedy.json").write_text(json.dumps([{"id": row.get("id"), "output": c.text, "tokens": c.token_ids}
+                                                             for row, c in zip(rows, completions)]))
+        return step
+
+    canoe.train_step = patched
+
+
 def install(fault: str) -> None:
     name, _, number = fault.rpartition("_") if fault[-1].isdigit() else (fault, "", "")
     faults = {"nan_loss": nan_loss, "corrupt_push": corrupt_push,
               "after_step": lambda: crash_after_step(int(number)),
               "mid_checkpoint": lambda: crash_mid_checkpoint(int(number)),
-              "avx2_machine": lambda: fake_cpu("avx2"), "amx_machine": lambda: fake_cpu("amx")}
+              "avx2_machine": lambda: fake_cpu("avx2"), "amx_machine": lambda: fake_cpu("amx"),
+              "record_greedy": record_greedy}
     if name not in faults:
         raise SystemExit(f"unknown fault {fault!r}; known: nan_loss, corrupt_push, after_step_N, mid_checkpoint_N, "
-                         "avx2_machine, amx_machine")
+                         "avx2_machine, amx_machine, record_greedy")
     faults[name]()
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from evaluation import evaluate
 from training import plot
@@ -113,10 +114,53 @@ def lora_checkpoint(tmp_path: Path, dtype: str = "bfloat16") -> tuple[Path, Path
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_a_lora_checkpoint_is_evaluated_as_its_adapter_merged_in_float32_whatever_it_trained_in(tmp_path, dtype):
+def test_a_lora_checkpoint_is_found_beside_its_policy_folder(tmp_path, dtype):
     base, policy = lora_checkpoint(tmp_path, dtype)
     assert evaluate.lora_checkpoint(str(policy)) == (str(base), str(policy.parent / "adapter"))
     assert evaluate.lora_checkpoint(str(base)) is None  # a plain model folder is loaded as it is
+
+
+@pytest.mark.parametrize("cuda, dtype, lora_push, applied", [
+    (True, "bfloat16", "auto", True),  # training pushed the adapter: a bfloat16 merge would lose small updates
+    (True, "float32", "auto", False),  # training merged, exactly
+    (True, "bfloat16", "merged", False),  # training merged as told
+    (False, "bfloat16", "auto", False),  # the CPU: training merged (vLLM's adapter kernels are slow there)
+    (False, "bfloat16", "adapter", True),  # training pushed the adapter as told
+])
+def test_a_lora_checkpoint_is_evaluated_the_way_training_pushed_it(tmp_path, cuda, dtype, lora_push, applied):
+    """The rule is Config.pushes_adapter's, at the adapter's rank (4): the evaluation's config need not train LoRA."""
+    from config import Config
+
+    _, policy = lora_checkpoint(tmp_path)
+    cfg = Config(lora_push=lora_push)  # lora_rank = 0
+    rank = evaluate.adapter_rank(cfg, str(policy.parent / "adapter"), getattr(torch, dtype), cuda=cuda)
+    assert rank == (4 if applied else 0)
+
+
+def test_on_a_gpu_in_bfloat16_the_engine_runs_the_base_with_the_adapter(tmp_path, monkeypatch):
+    """A stand-in for CUDA (torch.cuda faked, vLLM's engine replaced): the engine is made on the base with LoRA of
+    the adapter's rank, as training's engine (rollout.make_engine), every request names the checkpoint's adapter,
+    and nothing is merged."""
+    import rollout
+    from config import Config
+
+    base, policy = lora_checkpoint(tmp_path)
+    engines, requests = [], []
+
+    class Engine:
+        def generate(self, prompts, params, use_tqdm=True, lora_request=None):
+            requests.append(lora_request)
+            return [type("Out", (), {"outputs": [type("Sample", (), {"text": "x"})]}) for _ in prompts]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(evaluate, "merge_in_float32", lambda *args: pytest.fail("merged"))
+    monkeypatch.setattr(rollout, "make_engine", lambda model, **kwargs: engines.append((model, kwargs)) or Engine())
+    assert evaluate.generate(Config(dtype="auto", response_prefix=""), str(policy), [[1, 2]], {}, 64, 4) == ["x"]
+    ((model, kwargs),) = engines
+    assert model == str(base) and kwargs["lora_rank"] == 4 and kwargs["dtype"] == "bfloat16"
+    (request,) = requests
+    assert request.lora_path == str(policy.parent / "adapter") and request.lora_int_id == 1
 
 
 def test_the_engine_runs_the_float32_merge_and_the_merge_is_removed_afterwards(tmp_path, monkeypatch):
@@ -127,8 +171,8 @@ def test_the_engine_runs_the_float32_merge_and_the_merge_is_removed_afterwards(t
     engines, merges = [], []
 
     class Engine:
-        def generate(self, prompts, params, use_tqdm=True, **kwargs):
-            assert not kwargs  # no adapter request: the engine holds the merged weights
+        def generate(self, prompts, params, use_tqdm=True, lora_request=None):
+            assert lora_request is None  # no adapter request: the engine holds the merged weights
             return [type("Out", (), {"outputs": [type("Sample", (), {"text": "x"})]}) for _ in prompts]
 
     def merge(base, adapter, target):
@@ -137,10 +181,10 @@ def test_the_engine_runs_the_float32_merge_and_the_merge_is_removed_afterwards(t
 
     monkeypatch.setattr(evaluate, "merge_in_float32", merge)
     monkeypatch.setattr(rollout, "make_engine", lambda model, **kwargs: engines.append((model, kwargs)) or Engine())
-    cfg = Config(dtype="bfloat16", response_prefix="")
+    cfg = Config(dtype="bfloat16", response_prefix="")  # on the CPU training merges in bfloat16 too
     assert evaluate.generate(cfg, str(policy), [[1, 2]], {}, 64, 4) == ["x"]
     (model, kwargs), = engines
     ((merged_from, adapter, target),) = merges
     assert (merged_from, adapter) == (str(base), str(policy.parent / "adapter"))
-    assert model == str(target) and target.parent.parent == policy.parent and "lora_rank" not in kwargs
+    assert model == str(target) and target.parent.parent == policy.parent and kwargs["lora_rank"] == 0
     assert kwargs["dtype"] == "bfloat16" and not target.exists()  # the merge lived as long as the engine's work

@@ -446,11 +446,13 @@ def test_a_tied_model_trains_in_bfloat16(tmp_path, smoke_data, lora_rank):
     """The smoke model ties its embedding and output head, as SmolLM2 does; in
     bfloat16 every push is also checked by weight sums, which count the tied tensor once on both sides. With
     LoRA the adapter goes to vLLM apart (`lora_push = "adapter"`; on the CPU "auto" merges) and trains in float32
-    over the bfloat16 base."""
+    over the bfloat16 base. `--eval` of its last checkpoint under its config then runs what the sampler held after
+    the run's last push: the base with the adapter applied by vLLM (evaluate.adapter_rank), whose greedy outputs
+    are the rollout engine's (tests/faults.py `record_greedy`)."""
     assert json.loads((SMOKE_MODEL / "config.json").read_text())["tie_word_embeddings"] is True
     config = write_config(tmp_path, smoke_data, max_steps=2, dtype="bfloat16", lora_rank=lora_rank, lora_alpha=16.0,
                           lora_push="adapter")
-    result = launch(config, 1, launcher=False)
+    result = launch(config, 1, launcher=False, fault="record_greedy" if lora_rank else None)
     assert "dtype: bfloat16 (set in the config)" in result.stdout
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
@@ -459,6 +461,15 @@ def test_a_tied_model_trains_in_bfloat16(tmp_path, smoke_data, lora_rank):
         assert m["sync/push_max_abs_diff"] <= push_tolerance(tmp_path / "run")
     assert metrics[0]["loss/kl"] == 0.0  # π_ref is the same bfloat16 base: step 1's policy is it exactly
     assert ("time/adapter_push" in metrics[0]) == bool(lora_rank)
+    if lora_rank:
+        policy = tmp_path / "run" / "checkpoints" / "step-000002" / "policy"
+        result = launch(config, 1, "--eval", "--model", str(policy), "--eval-file", str(smoke_data), "--limit", "3",
+                        launcher=False)
+        assert "merging" not in result.stdout  # the adapter is applied, not merged
+        evaluated = read_jsonl(tmp_path / "run" / "eval" / "step-000002-smoke.predictions.jsonl")
+        sampled = json.loads((tmp_path / "run" / "greedy.json").read_text())
+        assert [(p["id"], p["output"]) for p in evaluated] == [(s["id"], s["output"]) for s in sampled]
+        assert len(sampled) == 3 and all(s["tokens"] for s in sampled)
 
 
 @pytest.mark.parametrize("cpu, dtype, reason", [
