@@ -7,6 +7,7 @@ they are in the environment when those libraries start.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -142,6 +143,29 @@ def broadcast_values(values: Sequence[float] | torch.Tensor, src: int = 0) -> li
     vector = _on_collective_device(values)
     dist.broadcast(vector, src=src)
     return vector.cpu().tolist()
+
+
+@contextlib.contextmanager
+def stop_together(check: str, error: type[BaseException]):
+    """Run this rank's part of a `check` that every rank makes at this point. Where `error` is raised on any rank,
+    every rank raises `error` naming each failing rank and its reason, rather than the others waiting in their
+    next collective until the launcher kills them. The block must hold no collective (a rank that raised would
+    skip it). A passing check costs one all-reduce of one number; in a world of one the error is raised as is."""
+    failure = None
+    try:
+        yield
+    except error as caught:
+        failure = caught
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world > 1 and all_reduce_values([failure is not None], op=dist.ReduceOp.MAX)[0]:
+        reasons: list[str | None] = [None] * world
+        dist.all_gather_object(reasons, None if failure is None else str(failure))
+        failed = {rank: reason for rank, reason in enumerate(reasons) if reason is not None}
+        lines = "".join(f"\nrank {rank}: {reason}" for rank, reason in failed.items())
+        raise error(f"{check} failed on rank {', '.join(map(str, failed))} of {world}; every rank "
+                    f"stops.{lines}") from failure
+    if failure is not None:
+        raise failure
 
 
 def reduce_over_ranks(metrics: dict[str, float], *, keep: Collection[str] = (), sums: Collection[str] = (),

@@ -5,7 +5,8 @@ as the set-up chose (`WeightPush.create`).
 Differs from CANOE (docs/differences.md, D7): every push is verified, by the probe (`weight_sync.check_sync`) and,
 outside float32, where the probe's tolerance must leave room for bfloat16 kernels, by the pushed weights' exact
 sums (`weight_sync.check_weight_sums`) and the adapter's in vLLM's LoRA slot (`lora.check_adapter`). With sleep
-mode the engine arrives asleep: its weights wake before the push, its KV cache after (the probe needs it).
+mode the engine arrives asleep: its weights wake before the push, its KV cache after (the probe needs it). A check
+that fails on one rank stops every rank, each naming the rank that failed (`runtime.stop_together`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 import grpo_loss
-from plumbing import lora, weight_sync
+from plumbing import lora, runtime, weight_sync
 from training import packing
 
 
@@ -50,8 +51,8 @@ class WeightPush:
 
     def __call__(self, engine, *, asleep: bool = True) -> dict[str, float]:
         """Push `engine`'s weights (a DeepSpeed engine or a plain model), verify them and return the `sync/` and
-        `time/` metrics; raises weight_sync.WeightSyncError when they did not arrive. `asleep=False`: the engine
-        is known to be awake (a resumed run's first push)."""
+        `time/` metrics; raises weight_sync.WeightSyncError, on every rank, when they did not arrive on one.
+        `asleep=False`: the engine is known to be awake (a resumed run's first push)."""
         start = time.perf_counter()
         model = getattr(engine, "module", engine)
         sleeping = self.sleep and asleep
@@ -70,8 +71,9 @@ class WeightPush:
         if self.merged:  # outside float32: how much of the update arrives
             metrics |= self.merged.metrics()
         if sums is not None:  # over what the push sent
-            metrics["sync/weight_sums_gap"] = weight_sync.check_weight_sums(
-                sums, weight_sync.engine_weight_sums(self.llm, sums.scope))
+            engine_sums = weight_sync.engine_weight_sums(self.llm, sums.scope)
+            with runtime.stop_together("the weight sums' check", weight_sync.WeightSyncError):
+                metrics["sync/weight_sums_gap"] = weight_sync.check_weight_sums(sums, engine_sums)
         weight_sync.wake_kv_cache(self.llm, sleeping)
         sums_said = "were not compared (float32)" if sums is None else "matched: every pushed value landed bit for bit"
         metrics |= self.check_probe(engine, sums_said)
@@ -87,4 +89,5 @@ class WeightPush:
             trainer = grpo_loss.completion_logprobs(engine, packing.pack([(prompt, [completion])], device))[0]
         engine.train()
         vllm = weight_sync.vllm_token_logprobs(self.llm, prompt, completion, self.lora_request)
-        return weight_sync.check_sync(vllm, trainer, self.tolerance, sums_said)
+        with runtime.stop_together("the probe's check", weight_sync.WeightSyncError):
+            return weight_sync.check_sync(vllm, trainer, self.tolerance, sums_said)
