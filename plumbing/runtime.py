@@ -147,10 +147,9 @@ def broadcast_values(values: Sequence[float] | torch.Tensor, src: int = 0) -> li
 
 @contextlib.contextmanager
 def stop_together(check: str, error: type[BaseException]):
-    """Run this rank's part of a `check` that every rank makes at this point. Where `error` is raised on any rank,
-    every rank raises `error` naming each failing rank and its reason, rather than the others waiting in their
-    next collective until the launcher kills them. The block must hold no collective (a rank that raised would
-    skip it). A passing check costs one all-reduce of one number; in a world of one the error is raised as is."""
+    """A check that every rank makes here, holding no collective: where `error` is raised on any rank, every rank
+    raises it, naming each failing rank and its reason, rather than the others waiting in their next collective
+    until the launcher kills them. Passing costs one all-reduce of one number; a world of one raises as it is."""
     failure = None
     try:
         yield
@@ -158,12 +157,11 @@ def stop_together(check: str, error: type[BaseException]):
         failure = caught
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world > 1 and all_reduce_values([failure is not None], op=dist.ReduceOp.MAX)[0]:
-        reasons: list[str | None] = [None] * world
+        reasons = [None] * world
         dist.all_gather_object(reasons, None if failure is None else str(failure))
         failed = {rank: reason for rank, reason in enumerate(reasons) if reason is not None}
-        lines = "".join(f"\nrank {rank}: {reason}" for rank, reason in failed.items())
-        raise error(f"{check} failed on rank {', '.join(map(str, failed))} of {world}; every rank "
-                    f"stops.{lines}") from failure
+        raise error(f"{check} failed on rank {', '.join(map(str, failed))} of {world}; every rank stops."
+                    + "".join(f"\nrank {rank}: {reason}" for rank, reason in failed.items())) from failure
     if failure is not None:
         raise failure
 

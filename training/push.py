@@ -5,8 +5,7 @@ as the set-up chose (`WeightPush.create`).
 Differs from CANOE (docs/differences.md, D7): every push is verified, by the probe (`weight_sync.check_sync`) and,
 outside float32, where the probe's tolerance must leave room for bfloat16 kernels, by the pushed weights' exact
 sums (`weight_sync.check_weight_sums`) and the adapter's in vLLM's LoRA slot (`lora.check_adapter`). With sleep
-mode the engine arrives asleep: its weights wake before the push, its KV cache after (the probe needs it). A check
-that fails on one rank stops every rank, each naming the rank that failed (`runtime.stop_together`).
+mode the engine arrives asleep: its weights wake before the push, its KV cache after (the probe needs it).
 """
 
 from __future__ import annotations
@@ -51,8 +50,8 @@ class WeightPush:
 
     def __call__(self, engine, *, asleep: bool = True) -> dict[str, float]:
         """Push `engine`'s weights (a DeepSpeed engine or a plain model), verify them and return the `sync/` and
-        `time/` metrics; raises weight_sync.WeightSyncError, on every rank, when they did not arrive on one.
-        `asleep=False`: the engine is known to be awake (a resumed run's first push)."""
+        `time/` metrics; raises weight_sync.WeightSyncError on every rank when they did not arrive on one. With
+        `asleep=False` the engine is known to be awake (a resumed run's first push)."""
         start = time.perf_counter()
         model = getattr(engine, "module", engine)
         sleeping = self.sleep and asleep
@@ -71,9 +70,9 @@ class WeightPush:
         if self.merged:  # outside float32: how much of the update arrives
             metrics |= self.merged.metrics()
         if sums is not None:  # over what the push sent
-            engine_sums = weight_sync.engine_weight_sums(self.llm, sums.scope)
             with runtime.stop_together("the weight sums' check", weight_sync.WeightSyncError):
-                metrics["sync/weight_sums_gap"] = weight_sync.check_weight_sums(sums, engine_sums)
+                metrics["sync/weight_sums_gap"] = weight_sync.check_weight_sums(
+                    sums, weight_sync.engine_weight_sums(self.llm, sums.scope))
         weight_sync.wake_kv_cache(self.llm, sleeping)
         sums_said = "were not compared (float32)" if sums is None else "matched: every pushed value landed bit for bit"
         metrics |= self.check_probe(engine, sums_said)
