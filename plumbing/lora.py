@@ -8,7 +8,7 @@ new tensors (`MergedPush`) or the adapter itself (`AdapterPush`); docs/lora.md h
 
 from __future__ import annotations
 
-from plumbing import runtime  # noqa: F401,I001  (first: it sets the thread count and vLLM's mode before torch loads)
+from plumbing import runtime  # noqa: I001  (first: it sets the thread count and vLLM's mode before torch loads)
 
 import contextlib
 import shutil
@@ -235,10 +235,11 @@ class AdapterPush:
         request = LoRARequest(f"policy-{self.count}", self.count, str(path))
         llm.llm_engine.add_lora(request)
         held = set(llm.llm_engine.list_loras())
-        if held != {self.count}:
-            raise WeightSyncError(f"adapter push failed: vLLM holds the adapters {sorted(held)}, not only the new "
-                                  f"{self.count}; the engine would not sample from the adapter being trained")
-        check_adapter(llm, model, state, self.count)
+        with runtime.stop_together("the adapter's check", WeightSyncError):
+            if held != {self.count}:
+                raise WeightSyncError(f"adapter push failed: vLLM holds the adapters {sorted(held)}, not only the "
+                                      f"new {self.count}; the engine would not sample from the adapter being trained")
+            check_adapter(llm, model, state, self.count)
         if self.request is not None:
             shutil.rmtree(self.request.lora_path, ignore_errors=True)
         self.request = request

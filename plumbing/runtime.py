@@ -7,6 +7,7 @@ they are in the environment when those libraries start.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -142,6 +143,27 @@ def broadcast_values(values: Sequence[float] | torch.Tensor, src: int = 0) -> li
     vector = _on_collective_device(values)
     dist.broadcast(vector, src=src)
     return vector.cpu().tolist()
+
+
+@contextlib.contextmanager
+def stop_together(check: str, error: type[BaseException]):
+    """A check that every rank makes here, holding no collective: where `error` is raised on any rank, every rank
+    raises it, naming each failing rank and its reason, rather than the others waiting in their next collective
+    until the launcher kills them. Passing costs one all-reduce of one number; a world of one raises as it is."""
+    failure = None
+    try:
+        yield
+    except error as caught:
+        failure = caught
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world > 1 and all_reduce_values([failure is not None], op=dist.ReduceOp.MAX)[0]:
+        reasons = [None] * world
+        dist.all_gather_object(reasons, None if failure is None else str(failure))
+        failed = {rank: reason for rank, reason in enumerate(reasons) if reason is not None}
+        raise error(f"{check} failed on rank {', '.join(map(str, failed))} of {world}; every rank stops."
+                    + "".join(f"\nrank {rank}: {reason}" for rank, reason in failed.items())) from failure
+    if failure is not None:
+        raise failure
 
 
 def reduce_over_ranks(metrics: dict[str, float], *, keep: Collection[str] = (), sums: Collection[str] = (),

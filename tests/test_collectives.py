@@ -51,12 +51,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(scenario: str, world: int) -> list[dict]:
-    """Run `scenario` of this file on `world` ranks (one process each, a fresh process group); each rank's result."""
+def run_ranks(scenario: str, world: int, script: str = __file__) -> list[dict]:
+    """Run `scenario` of `script` (this file) on `world` ranks (one process each, a fresh process group); each
+    rank's result, the line after RESULT that it prints."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "WORLD_SIZE": str(world)}
-    procs = [subprocess.Popen([sys.executable, __file__, scenario], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, script, scenario], cwd=ROOT, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
              for rank in range(world)]
     results = []
