@@ -9,9 +9,10 @@ memory-efficient kernel forced: its peak allocation above its inputs, and the ke
 
 Part 2, the trainer's activations: models of the architectures the memory plan knows (the default's
 Qwen2.5-0.5B with 12 and 24 layers; Llama-3.1-8B with 2 and 4 of its layers and Qwen2.5-7B with 4, for which the
-plan is then evaluated), random weights (memory does not depend on their values), LoRA of rank 16 on every
-projection as `plumbing/lora.py` wraps it, every parameter cast to bfloat16 as DeepSpeed's bfloat16 mode does,
-one micro-batch of the run's shape with every completion at its longest and a prompt 3 tokens short of its limit
+plan is then evaluated), random weights (memory does not depend on their values), a bfloat16 base with LoRA of
+rank 16 on every projection as `plumbing/lora.py` wraps it, the adapters float32 as training keeps them (PEFT makes
+them float32 and DeepSpeed's bf16 mode, which would cast them, is off with LoRA: training/optimizer.py), one
+micro-batch of the run's shape with every completion at its longest and a prompt 3 tokens short of its limit
 (so that L is not a multiple of 8). It measures `torch.cuda.max_memory_allocated()` above what was allocated
 before the forward, through `grpo_loss.completion_logprobs`, a sum and `backward()`, against
 `memory_plan.activation_bytes` of the same shape, and the strides the mask reached the attention with; last, the
@@ -99,8 +100,7 @@ def build(arch: memory_plan.Architecture, layers: int, positions: int, checkpoin
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=PROJECTIONS, task_type="CAUSAL_LM"))
     if checkpointing:
         model.enable_input_require_grads()
-    for param in model.parameters():  # DeepSpeed's bfloat16 mode casts every parameter, PEFT's float32 adapters too
-        param.data = param.data.to(torch.bfloat16)
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}  # as training holds them
     return model
 
 
@@ -145,7 +145,8 @@ def activations(name, arch, layers, shape, checkpointing, mask, backend="default
         packing.attention_mask = original_mask
         F.scaled_dot_product_attention = original_sdpa
     cfg = SimpleNamespace(prompts_per_device=prompts, max_prompt_tokens=prompt_tokens, num_generations=generations,
-                          max_completion_tokens=completion_tokens, gradient_checkpointing=checkpointing)
+                          max_completion_tokens=completion_tokens, gradient_checkpointing=checkpointing,
+                          lora_rank=16, lora_target_modules=PROJECTIONS)
     planned = memory_plan.activation_bytes(cfg, memory_plan.Architecture(**{**arch.__dict__, "layers": layers}), 2)
     result = {"part": "activations", "model": name, "layers": layers, "L": packed.num_tokens,
               "checkpointing": checkpointing, "mask": mask, "backend": backend,

@@ -7,14 +7,15 @@ created after the trainer has allocated (canoe.setup), so its share must fit in 
 recipe's `vllm_gpu_memory_utilization` comes from this plan. Each part is held all step ("resident"), while
 training or while sampling ("rollout"); with sleep mode vLLM sleeps while the trainer trains, so the peak is the
 larger of the two phases, without it both add up. With LoRA (`lora_rank = r > 0`) gradients and optimizer state
-exist only for the adapter parameters (`lora_parameters`) and there is no reference model. The architecture comes
-from the model folder's config.json, else from `KNOWN_ARCHITECTURES` by name.
+exist only for the adapter parameters (`lora_parameters`), float32 like the adapters, and there is no reference
+model. The architecture comes from the model folder's config.json, else from `KNOWN_ARCHITECTURES` by name.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,20 +188,35 @@ class Plan:
         return "\n".join(lines)
 
 
+def layer_activation_bytes(arch: Architecture, tokens: int, width: int, lora_rank: int = 0,
+                           lora_targets: Sequence[str] = ()) -> int:
+    """What one decoder layer keeps for backward over `tokens` packed tokens, in bytes, as autograd saves it in
+    bfloat16 (`width` 2; tests/test_memory_plan.py counts it on one layer built as training builds it).
+
+    Per token: each RMSNorm its float32 input and 1/rms (4h + 4, twice); attention the rotated q, k, v repeated to
+    every head and its output (4q at width, q = heads · head_dim) and a float32 log-sum-exp per head; the MLP gate,
+    up and act(gate) (3I). The trained weights' inputs: in full fine-tuning each norm's normed input and output and
+    act(gate)·up (4h + I at width); with LoRA (`lora_rank` > 0) the float32 copy PEFT makes of each adapted
+    projection's input for its float32 adapters (4 · fan-in each, none shared) and the rank-r output (4r).
+    """
+    h, q, I = arch.hidden, arch.heads * arch.head_dim, arch.intermediate
+    kept = 2 * (4 * h + 4) + 4 * q * width + 4 * arch.heads + 3 * I * width
+    if not lora_rank:
+        return tokens * (kept + (4 * h + I) * width)
+    fan_in = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": q, "gate_proj": h, "up_proj": h, "down_proj": I}
+    return tokens * (kept + sum(4 * (fan_in[t] + lora_rank) for t in dict.fromkeys(lora_targets) if t in fan_in))
+
+
 def activation_bytes(cfg, arch: Architecture, width: int) -> dict[str, float]:
     """The training activations of one micro-batch, worst case (every completion at max_completion_tokens), packed
-    into one row of L tokens, T of them predicted.
-
-    Per token of a layer 10h + 4I values: each RMSNorm its float32 input and bfloat16 output (3h, twice),
-    attention the rotated q, k, v repeated to every head and its output (4h), the MLP gate, up, act(gate) and
-    act(gate)·up (4I). The head: the logits and their gradient, token_logprobs' float32 chunks and (5L + T)·h
-    around them. Gradient checkpointing keeps each layer's input and the larger of the head and one recomputed
-    layer.
+    into one row of L tokens, T of them predicted: every layer's (`layer_activation_bytes`); the head's, the logits
+    and their gradient, token_logprobs' float32 chunks and (5L + T)·h around them; the attention mask. Gradient
+    checkpointing keeps each layer's input and the larger of the head and one recomputed layer.
     """
     L = cfg.prompts_per_device * (cfg.max_prompt_tokens + cfg.num_generations * cfg.max_completion_tokens)
     T = cfg.prompts_per_device * cfg.num_generations * cfg.max_completion_tokens
     h, V = arch.hidden, arch.vocab
-    layer = L * (10 * h + 4 * arch.intermediate) * width
+    layer = layer_activation_bytes(arch, L, width, cfg.lora_rank, cfg.lora_target_modules)
     head = 2 * T * V * width + 3 * min(LOGPROB_CHUNK, T) * V * 4 + (5 * L + T) * h * width
     row = -(-L // 8) * 8  # packing.MASK_ALIGNMENT
     mask = {"activations: attention mask": L * row * width + L * L}
@@ -216,13 +232,14 @@ def plan_memory(cfg, arch: Architecture, *, world_size: int, total_bytes: float,
     P, W, zero3 = arch.num_parameters, world_size, cfg.zero_stage == 3
     T = lora_parameters(arch, cfg.lora_rank, cfg.lora_target_modules) if cfg.lora_rank else P  # trained parameters
     weights = width * P / W if zero3 else width * P
-    bucket = min(REDUCE_BUCKET, T) * width * (2 if zero3 else 1)  # overlap_comm is on by default only for ZeRO-3
-    gradients = bucket if cfg.offload_optimizer else (width + FP32_GRAD_BYTES) * T / W + bucket
+    trained = 4 if cfg.lora_rank else width  # PEFT's adapters are float32 (DeepSpeed's bf16 mode is off with LoRA)
+    bucket = min(REDUCE_BUCKET, T) * trained * (2 if zero3 else 1)  # overlap_comm is on by default only for ZeRO-3
+    gradients = bucket if cfg.offload_optimizer else (trained + FP32_GRAD_BYTES) * T / W + bucket
     frozen = " (frozen base)" if cfg.lora_rank else ""
     resident = {f"policy weights (ZeRO-{cfg.zero_stage}, {W} ranks){frozen}": weights}
     if cfg.lora_rank:
         adapters = f"LoRA adapters (rank {cfg.lora_rank}, {T / 1e6:.1f} M parameters)"
-        resident[adapters] = width * T / W if zero3 else width * T
+        resident[adapters] = trained * T / W if zero3 else trained * T
     resident["gradients"] = gradients
     optimizer = "optimizer state" + (" (offloaded to the host)" if cfg.offload_optimizer else "")
     resident[optimizer] = 0.0 if cfg.offload_optimizer else ADAM_BYTES * T / W
