@@ -3,7 +3,8 @@
 In a push's order (training/push.py): every parameter under its Hugging Face name (`iter_full_parameters` over
 `walk_modules`; a LoRA policy sends less, lora.py), vLLM's in-place reload (`push_weights`), then the checks: a
 fixed probe's log-probabilities against the trainer's (`check_sync`) and, outside float32, the pushed weights'
-exact sums against the engine's (`check_weight_sums`). On CUDA vLLM sleeps from the end of sampling until the push.
+exact sums against the engine's (`check_weight_sums`). On CUDA vLLM sleeps from the end of sampling until the push,
+and the trainer's own memory peak is the one of that window (`training_peak`).
 """
 
 from __future__ import annotations
@@ -293,9 +294,34 @@ def sleep_supported() -> bool:
 def sleep_engine(llm, enabled: bool) -> None:
     """Give vLLM's memory to the trainer after sampling: sleep at level 2, which unmaps the weights and the KV cache
     (level 1 would copy every weight to the host and back for the push to overwrite), so every weight is pushed.
-    `wake_weights`, the push and `wake_kv_cache` follow, so weights are only written into mapped memory."""
+    `wake_weights`, the push and `wake_kv_cache` follow, so weights are only written into mapped memory. The
+    training phase's memory peak (`training_peak`) starts here, asleep or not."""
     if enabled:
         llm.sleep(level=2)
+    if cuda_memory_counted():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def cuda_memory_counted() -> bool:
+    """Whether torch's CUDA allocator counts this process's memory (tests stand one in)."""
+    return torch.cuda.is_available()
+
+
+def training_peak(asleep: bool) -> dict[str, float]:
+    """`memory/peak_gib`, read before vLLM wakes: torch's peak allocation since `sleep_engine`, less what it still
+    counts in a sleeping vLLM's pools (their tensors live on, their memory unmapped); {} where nothing is counted."""
+    if not cuda_memory_counted():
+        return {}
+    return {"memory/peak_gib": (torch.cuda.max_memory_allocated() - (asleep_bytes() if asleep else 0)) / 2**30}
+
+
+def asleep_bytes() -> int:
+    """What torch's allocator counts as allocated in vLLM's sleep-mode pools (vLLM 0.32's CuMemAllocator keeps
+    every MemPool it allocated from; a level-2 sleep unmaps them all)."""
+    from vllm.device_allocator import get_mem_allocator_instance  # CUDA only
+
+    pools = [pool for entries in get_mem_allocator_instance().allocator_and_pools.values() for pool, _ in entries]
+    return sum(segment["allocated_size"] for pool in pools for segment in pool.snapshot(include_traces=False))
 
 
 def wake_weights(llm, enabled: bool) -> None:

@@ -235,6 +235,45 @@ def test_without_sleep_mode_the_step_never_sleeps_or_wakes(tmp_path, process_gro
     assert weights_agree(run, llm)
 
 
+class SleepPool:
+    """A torch.cuda.MemPool of vLLM 0.32's CuMemAllocator (device_allocator/cumem.py keeps each pool it allocated
+    from in `allocator_and_pools`, per tag, as (pool, allocator)): its tensors stay allocated in torch's count while
+    a sleep unmaps their memory. `snapshot` lists its segments as torch's `MemPool.snapshot` does."""
+
+    def __init__(self, *allocated: int):
+        self.segments = [{"allocated_size": size, "total_size": size + 2**20} for size in allocated]
+
+    def snapshot(self, include_traces: bool = True) -> list[dict]:
+        return self.segments
+
+
+def count_cuda_memory(monkeypatch, llm: SleepModeEngine, peak: int) -> None:
+    """A CUDA run's memory counters: torch's peak (`peak` bytes when read) and vLLM's sleep pools (1 GiB
+    allocated), each reset and read of the peak recorded among the engine's events."""
+    import vllm.device_allocator
+
+    pools = {"weights": [(SleepPool(2**29, 2**28), None)], "kv_cache": [(SleepPool(2**28), None), (SleepPool(), None)]}
+    monkeypatch.setattr(vllm.device_allocator, "get_mem_allocator_instance",
+                        lambda: SimpleNamespace(allocator_and_pools=pools))
+    monkeypatch.setattr(weight_sync, "cuda_memory_counted", lambda: True)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: llm.events.append("reset_peak"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: llm.events.append("read_peak") or peak)
+
+
+@pytest.mark.parametrize("sleep", [True, False], ids=["sleep mode", "no sleep mode"])
+def test_the_training_peak_is_counted_from_the_sleep_to_the_wake(tmp_path, process_group, monkeypatch, sleep):
+    """`memory/peak_gib` is the training phase's: torch's peak counter reset once vLLM sleeps and read before it
+    wakes, less what torch still counts in vLLM's sleeping pools (3 − 1 GiB here). Without sleep mode vLLM's memory
+    stays in use through training, as the plan's training peak without sleep counts it: nothing is taken off."""
+    monkeypatch.setattr(canoe, "score", fixed_rewards)
+    run, llm = make_run(tmp_path, sleep=sleep)
+    count_cuda_memory(monkeypatch, llm, peak=3 * 2**30)
+    step = canoe.train_step(run)
+    woken = ["sleep(2)", "reset_peak", "read_peak", "wake_up(weights)"] if sleep else ["reset_peak", "read_peak"]
+    assert llm.events[: len(woken) + 1] == ["generate", *woken]
+    assert step.pushed["memory/peak_gib"] == (2.0 if sleep else 3.0)
+
+
 def test_flash_attention_is_refused_through_the_deepspeed_engine(process_group):
     """packing's guard reads the attention setting of the model a DeepSpeed engine wraps (the engine's own
     `.config` is DeepSpeed's config dict, which has no attention setting)."""

@@ -130,8 +130,6 @@ def step_metrics(run, step: Step, seconds: float, reward_means: dict[str, float]
     }
     if first_pass:  # measured where the trainer scored the sampled tokens
         metrics["sync/vllm_trainer_gap"] = sum(map(vllm_gap, step.micro_batches)) / len(step.micro_batches)
-    if torch.cuda.is_available():  # against the memory plan's "peak while training", printed at start-up
-        metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     metrics = reduce_over_ranks(metrics, keep=GLOBAL_KEYS, sums=COUNT_KEYS, maxima=MAX_KEYS)
     metrics["step"] = run.step
     return metrics

@@ -50,11 +50,13 @@ class WeightPush:
 
     def __call__(self, engine, *, asleep: bool = True) -> dict[str, float]:
         """Push `engine`'s weights (a DeepSpeed engine or a plain model), verify them and return the `sync/` and
-        `time/` metrics; raises weight_sync.WeightSyncError on every rank when they did not arrive on one. With
-        `asleep=False` the engine is known to be awake (a resumed run's first push)."""
+        `time/` metrics and the training phase's `memory/peak_gib`; raises weight_sync.WeightSyncError on every rank
+        when they did not arrive on one. With `asleep=False` the engine is known to be awake (a resumed run's first
+        push)."""
         start = time.perf_counter()
         model = getattr(engine, "module", engine)
         sleeping = self.sleep and asleep
+        peak = weight_sync.training_peak(sleeping)  # the training phase's, before vLLM's memory comes back
         weight_sync.wake_weights(self.llm, sleeping)
         sums = weight_sync.WeightSums() if self.checksums else None
         if lora.is_lora(model):
@@ -64,7 +66,7 @@ class WeightPush:
             weights = weight_sync.iter_full_parameters(model, self.zero_stage)
             weights = weights if sums is None else weight_sync.summed(weights, sums, self.dtype)
             seconds = weight_sync.push_weights(self.llm, weights)
-        metrics = {"sync/push_seconds": seconds}
+        metrics = {"sync/push_seconds": seconds} | peak
         if self.adapter:  # part of the push: the adapter's folder written and read back
             metrics["time/adapter_push"] = self.adapter.seconds
         if self.merged:  # outside float32: how much of the update arrives
