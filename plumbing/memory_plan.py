@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,23 +187,19 @@ class Plan:
         return "\n".join(lines)
 
 
-def layer_activation_bytes(arch: Architecture, tokens: int, width: int, lora_rank: int = 0,
-                           lora_targets: Sequence[str] = ()) -> int:
-    """What one decoder layer keeps for backward over `tokens` packed tokens, in bytes, as autograd saves it in
-    bfloat16 (`width` 2; tests/test_memory_plan.py counts it on one layer built as training builds it).
-
-    Per token: each RMSNorm its float32 input and 1/rms (4h + 4, twice); attention the rotated q, k, v repeated to
-    every head and its output (4q at width, q = heads · head_dim) and a float32 log-sum-exp per head; the MLP gate,
-    up and act(gate) (3I). The trained weights' inputs: in full fine-tuning each norm's normed input and output and
-    act(gate)·up (4h + I at width); with LoRA (`lora_rank` > 0) the float32 copy PEFT makes of each adapted
-    projection's input for its float32 adapters (4 · fan-in each, none shared) and the rank-r output (4r).
-    """
+def layer_activation_bytes(arch: Architecture, L: int, width: int, rank: int = 0, targets: tuple | list = ()) -> int:
+    """The bytes one decoder layer keeps for backward over `L` packed tokens in bfloat16 (`width` 2), as autograd
+    saves them (tests/test_memory_plan.py). Per token: each RMSNorm its float32 input and 1/rms (4h + 4, twice);
+    attention q, k, v repeated to every head and its output (4q, q = heads · head_dim) and a float32 log-sum-exp
+    per head; the MLP gate, up, act(gate) (3I). The trained weights' inputs: without LoRA each norm's normed input
+    and output and act(gate)·up (4h + I); with LoRA of `rank` on `targets`, the float32 copy PEFT makes of each
+    adapted projection's input for its float32 adapters (4 · fan-in each, none shared) and its output (4 · rank)."""
     h, q, I = arch.hidden, arch.heads * arch.head_dim, arch.intermediate
     kept = 2 * (4 * h + 4) + 4 * q * width + 4 * arch.heads + 3 * I * width
-    if not lora_rank:
-        return tokens * (kept + (4 * h + I) * width)
+    if not rank:
+        return L * (kept + (4 * h + I) * width)
     fan_in = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": q, "gate_proj": h, "up_proj": h, "down_proj": I}
-    return tokens * (kept + sum(4 * (fan_in[t] + lora_rank) for t in dict.fromkeys(lora_targets) if t in fan_in))
+    return L * (kept + sum(4 * (fan_in[t] + rank) for t in dict.fromkeys(targets) if t in fan_in))
 
 
 def activation_bytes(cfg, arch: Architecture, width: int) -> dict[str, float]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import deepspeed
 import torch
 from vllm import SamplingParams
+from vllm.device_allocator import get_mem_allocator_instance
 from vllm.inputs import TokensPrompt
 from vllm.model_executor.layers import utils as vllm_layer_utils
 from vllm.platforms import current_platform
@@ -294,8 +295,8 @@ def sleep_supported() -> bool:
 def sleep_engine(llm, enabled: bool) -> None:
     """Give vLLM's memory to the trainer after sampling: sleep at level 2, which unmaps the weights and the KV cache
     (level 1 would copy every weight to the host and back for the push to overwrite), so every weight is pushed.
-    `wake_weights`, the push and `wake_kv_cache` follow, so weights are only written into mapped memory. The
-    training phase's memory peak (`training_peak`) starts here, asleep or not."""
+    `wake_weights`, the push and `wake_kv_cache` follow, so weights are only written into mapped memory. Here, asleep
+    or not, the training phase's memory peak starts (`training_peak`)."""
     if enabled:
         llm.sleep(level=2)
     if cuda_memory_counted():
@@ -309,19 +310,13 @@ def cuda_memory_counted() -> bool:
 
 def training_peak(asleep: bool) -> dict[str, float]:
     """`memory/peak_gib`, read before vLLM wakes: torch's peak allocation since `sleep_engine`, less what it still
-    counts in a sleeping vLLM's pools (their tensors live on, their memory unmapped); {} where nothing is counted."""
+    counts in a sleeping vLLM's pools (vLLM 0.32's CuMemAllocator keeps each MemPool it allocated from; a level-2
+    sleep unmaps them all, their tensors live on); {} where nothing is counted."""
     if not cuda_memory_counted():
         return {}
-    return {"memory/peak_gib": (torch.cuda.max_memory_allocated() - (asleep_bytes() if asleep else 0)) / 2**30}
-
-
-def asleep_bytes() -> int:
-    """What torch's allocator counts as allocated in vLLM's sleep-mode pools (vLLM 0.32's CuMemAllocator keeps
-    every MemPool it allocated from; a level-2 sleep unmaps them all)."""
-    from vllm.device_allocator import get_mem_allocator_instance  # CUDA only
-
-    pools = [pool for entries in get_mem_allocator_instance().allocator_and_pools.values() for pool, _ in entries]
-    return sum(segment["allocated_size"] for pool in pools for segment in pool.snapshot(include_traces=False))
+    tags = get_mem_allocator_instance().allocator_and_pools.values() if asleep else []  # each [(pool, allocator)]
+    unmapped = sum(s["allocated_size"] for tag in tags for pool, _ in tag for s in pool.snapshot(include_traces=False))
+    return {"memory/peak_gib": (torch.cuda.max_memory_allocated() - unmapped) / 2**30}
 
 
 def wake_weights(llm, enabled: bool) -> None:

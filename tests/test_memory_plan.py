@@ -169,9 +169,9 @@ def test_a_lora_target_the_plan_does_not_know_is_named():
 
 # One micro-batch's forward and backward on an NVIDIA H200 (bench/cuda_memory.py, torch 2.11 + transformers 5.17,
 # 2026-11-28): torch.cuda.max_memory_allocated() above what was allocated before it, in MiB, random bfloat16 weights
-# with LoRA of rank 16 (its adapters cast to bfloat16 too), every completion at its longest; (model, layers, shape, checkpointing, measured MiB), shape
-# = (prompts_per_device, prompt tokens, G, completion tokens). A prompt 3 tokens short of its limit makes L not a
-# multiple of 8.
+# with LoRA of rank 16 (its adapters cast to bfloat16 too), every completion at its longest; (model, layers, shape,
+# checkpointing, measured MiB), shape = (prompts_per_device, prompt tokens, G, completion tokens). A prompt 3 tokens
+# short of its limit makes L not a multiple of 8.
 MEASURED_ON_H200 = [
     ("Qwen2.5-0.5B", 12, (1, 829, 7, 128), False, 2730),
     ("Qwen2.5-0.5B", 24, (1, 829, 7, 128), False, 3830),

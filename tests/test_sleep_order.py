@@ -250,11 +250,8 @@ class SleepPool:
 def count_cuda_memory(monkeypatch, llm: SleepModeEngine, peak: int) -> None:
     """A CUDA run's memory counters: torch's peak (`peak` bytes when read) and vLLM's sleep pools (1 GiB
     allocated), each reset and read of the peak recorded among the engine's events."""
-    import vllm.device_allocator
-
     pools = {"weights": [(SleepPool(2**29, 2**28), None)], "kv_cache": [(SleepPool(2**28), None), (SleepPool(), None)]}
-    monkeypatch.setattr(vllm.device_allocator, "get_mem_allocator_instance",
-                        lambda: SimpleNamespace(allocator_and_pools=pools))
+    monkeypatch.setattr(weight_sync, "get_mem_allocator_instance", lambda: SimpleNamespace(allocator_and_pools=pools))
     monkeypatch.setattr(weight_sync, "cuda_memory_counted", lambda: True)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: llm.events.append("reset_peak"))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: llm.events.append("read_peak") or peak)
