@@ -6,40 +6,46 @@ figure and PASS or FAIL; the exit status is 1 if any check failed.
    memory-efficient one and the math one; bfloat16 base, float32 adapters, L not a multiple of 8. The tolerance is
    the dtype's own noise: twice the gap between the bfloat16 sequences alone and the same in float32.
 2. deepspeed: one step of `training/optimizer.deepspeed_config` under ZeRO-2 and ZeRO-3 on the GPU's collective
-   backend (NCCL), with LoRA and with full fine-tuning: the full gradients and the updated weights of both stages
-   against a plain model stepped by torch's AdamW in float32 (DeepSpeed's master weights), the `WeightSums` of the
-   weights a push would send (`weight_sync.iter_full_parameters`, `lora.policy_weights`) on the GPU against the
-   same tensors' on the CPU, and `plumbing/checkpoint.py`'s save and load (a fresh engine loads the checkpoint,
-   both take one more step: equal bits; the saved policy folder holds the pushed weights bit for bit).
-3. memory: `torch.cuda.max_memory_allocated()` of one micro-batch's forward and backward with the adapters in
-   float32 as training holds them (LoRA's default, no DeepSpeed bf16 mode), against `memory_plan.activation_bytes`.
-4. merge: the default run's LoRA update seen by base + adapter (as training computes π), by the float32 merge run
-   in bfloat16 (what vLLM loads from a merged checkpoint at the config's dtype) and run in float32.
+   backend (NCCL), with LoRA and with full fine-tuning: each stage's full gradient against a plain model's (within
+   the bfloat16 noise: the plain model against its float32 copy), its step against torch's AdamW on float32 master
+   copies with those gradients, the `WeightSums` of the weights a push sends (`weight_sync.iter_full_parameters`,
+   `lora.policy_weights`) on the GPU against the same tensors' on the CPU, and `plumbing/checkpoint.py`'s save and
+   load (a fresh engine loads the checkpoint, both take one more step: equal bits; the saved policy folder holds
+   the pushed weights bit for bit).
+3. memory: `torch.cuda.max_memory_allocated()` of one worst-case micro-batch's forward and backward with the
+   adapters in float32 as training holds them (no DeepSpeed bf16 mode with LoRA), at most
+   `memory_plan.activation_bytes` of the same shape.
+4. merge: the default run's LoRA update (log π with it less log π without) seen by base + adapter (as training
+   computes π), by the float32 merge run in bfloat16 (vLLM loading a merged checkpoint at the config's dtype) and
+   run in float32 (the exact update): base + adapter keeps the exact update to within a quarter, the bfloat16 run
+   of the merge keeps no more than base + adapter, the float32 run is within twice the bfloat16 noise of it.
+
+`--break-mask` checks the packing check: with a plain causal mask the packing lines must fail.
 
 Random weights from a config (models/ is not carried: the default model alone is ~1 GB): the default model's shape
 with fewer layers (`--layers`), Llama-3.1-8B's for the memory check; initializer_range 2/√h so that the mask's
 mistakes show in the log-probabilities. The GPU machine has torch, transformers and PEFT but no vLLM: a stand-in
-answers `import vllm` (`no_vllm`), whose names raise if called; no check calls one.
+answers `import vllm` (`_NoVllm`), whose names raise if called; no check calls one.
 
-    # here (x86-64, pip reaching PyPI), once, in the repository root: the wheels the GPU machine lacks (~18 MiB;
-    # the machine takes 64 MiB of working tree and carried paths in all). DeepSpeed publishes no wheel: pip builds
-    # a pure-Python one (2.1 MiB, no compiled ops: the run uses torch's fused AdamW, training/optimizer.py).
+    # here (x86-64, pip reaching PyPI), once, in the root of the checkout the device tool sends: the wheels the GPU
+    # machine lacks, 19 MiB (it takes 64 MiB of working tree and carried paths in all). DeepSpeed publishes no
+    # wheel: pip builds a pure-Python one, 2.1 MiB, no compiled op (the run uses torch's fused AdamW).
     echo /.whl/ >> .git/info/exclude
     .venv/bin/pip wheel --no-deps deepspeed==0.19.8 -w .whl
     .venv/bin/pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
         hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-        typing-extensions==4.16.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 \
-        peft==0.21.2 transformers==5.19.0
-    # on the GPU machine (the device tool's `run`, carry [".whl"], timeout_s 600; about 4 minutes):
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site
-        .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 bench/gpu_check.py 2>&1 |
-        tee $OUT/gpu_check.txt
+        typing-extensions==4.16.0 regex==2026.11.19 math-verify==0.9.0 latex2sympy2_extended==1.11.0 \
+        antlr4-python3-runtime==4.13.2 peft==0.21.2 transformers==5.19.0
+    # on the GPU machine: the device tool's `run` with carry [".whl"] and timeout_s 600 (a few minutes), command
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && export PYTHONPATH=/tmp/site || exit; set -o pipefail; \
+        PYTHONUNBUFFERED=1 python3 bench/gpu_check.py 2>&1 | tee $OUT/gpu_check.txt
     # on a CPU (tests/test_gpu_check.py): a tiny model, the default and math kernels, gloo, no memory check
     .venv/bin/python bench/gpu_check.py --cpu
 
-transformers and PEFT travel at the versions requirements.txt pins (the machine's own may differ); math-verify and
-its parser because config.py imports the rewards; the rest are DeepSpeed's needs that the machine lacks.
+transformers, PEFT and regex travel at the versions the suite runs with (the machine's own may differ); math-verify
+and its parser because config.py imports the rewards; the rest are DeepSpeed's needs that the machine lacks.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import dataclasses
 import gc
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import math
 import sys
 import tempfile
@@ -94,7 +101,10 @@ class _NoVllm(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-sys.meta_path.insert(0, _NoVllm())  # on every machine, so that the CPU test proves the run needs no vLLM
+# Run as a script, on every machine (the CPU test too, which so shows that the run needs no vLLM); imported, only
+# where vLLM is missing, so that a process that has vLLM keeps it.
+if __name__ == "__main__" or importlib.util.find_spec("vllm") is None:
+    sys.meta_path.insert(0, _NoVllm())
 
 from plumbing import runtime  # noqa: E402,I001  (first: the environment before torch loads)
 import deepspeed  # noqa: E402
@@ -114,7 +124,9 @@ MIB = 2**20
 TINY = memory_plan.Architecture(hidden=64, layers=2, intermediate=128, vocab=512, heads=4, kv_heads=2, head_dim=16,
                                 qkv_bias=True, tied_embeddings=True)
 BACKENDS = {"default": None, "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-STEP_LR = 1e-3  # one step must move bfloat16 weights by several of their steps (0.067 · 2⁻⁸ ≈ 2.6e-4)
+# One AdamW step moves each weight by about lr: above the bfloat16 spacing of every weight below 1 (2⁻⁸ at 1), so
+# that the full fine-tuning step shows in bfloat16 weights.
+STEP_LR = 1e-2
 
 
 class Report:
@@ -175,7 +187,8 @@ def token_weights(packed: packing.Packed, seed: int = 3) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------- 1. packing
 
 
-def logprobs_and_grads(model, rows: list[list[packing.Group]], backend: str, device) -> tuple[torch.Tensor, torch.Tensor]:
+def logprobs_and_grads(model, rows: list[list[packing.Group]], backend: str,
+                       device) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities of every completion token, each element of `rows` packed into one row, flattened in
     order, and the gradient of Σ w·log π over the adapters, flattened; w as `token_weights` of every completion."""
     adapters = [p for p in model.parameters() if p.requires_grad]
@@ -192,6 +205,12 @@ def logprobs_and_grads(model, rows: list[list[packing.Group]], backend: str, dev
         first += n
     grads = torch.autograd.grad(loss, adapters)
     return torch.cat(values), torch.cat([g.reshape(-1).float() for g in grads])
+
+
+def causal_only(packed: packing.Packed) -> torch.Tensor:
+    """`--break-mask`, the check of the check: every token sees every earlier token of the row, other prompts' and
+    other completions' too (a sequence alone is unchanged)."""
+    return torch.ones(packed.num_tokens, packed.num_tokens, dtype=torch.bool, device=packed.group.device).tril()
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -359,14 +378,15 @@ def check_save_load(report: Report, engine, start, cfg, stage: int, packed, mode
 
 
 def check_deepspeed(report: Report, cfg: config.Config, arch, layers: int, scale: int, device) -> None:
+    """`check_stages` with LoRA (the config's rank, else 16) and with full fine-tuning, in a world of one rank."""
     runtime.init_distributed()
     print(f"       deepspeed {deepspeed.__version__}, collective backend {dist.get_backend()}", flush=True)
     units = groups(arch.vocab, scale)
     packed = packing.pack(units, device)
     step_cfg = dataclasses.replace(cfg, learning_rate=STEP_LR, prompts_per_device=len(units))
     base = random_model(arch, layers, torch.bfloat16, device)
-    check_stages(report, with_adapters(copy.deepcopy(base), step_cfg, b_scale=0.05),
-                 dataclasses.replace(step_cfg, lora_rank=cfg.lora_rank or 16), packed, "lora")
+    lora_cfg = dataclasses.replace(step_cfg, lora_rank=cfg.lora_rank or 16)
+    check_stages(report, with_adapters(copy.deepcopy(base), lora_cfg, b_scale=0.05), lora_cfg, packed, "lora")
     check_stages(report, base, dataclasses.replace(step_cfg, lora_rank=0), packed, "full")
 
 
@@ -422,7 +442,8 @@ def check_memory(report: Report, default: config.Config) -> None:
 def check_merge(report: Report, cfg: config.Config, arch, layers: int, scale: int, device) -> None:
     """The default run's adapter (B at lr × steps, as Adam moves each entry by about lr a step) seen three ways, each
     as the update of log π over its own base: base + adapter (bfloat16 base, float32 adapters: training's π), the
-    float32 merge W + s·B·A rounded to bfloat16, and run in float32 (the exact update). Kept = ⟨u, u₃₂⟩ / |u₃₂|²."""
+    float32 merge W + s·B·A rounded to bfloat16, and run in float32 (the exact update u₃₂).
+    Kept = ⟨u, u₃₂⟩ / |u₃₂|²."""
     model = with_adapters(random_model(arch, layers, torch.bfloat16, device), cfg,
                           b_scale=cfg.learning_rate * cfg.max_steps)
     packed = packing.pack(groups(arch.vocab, scale), device)
@@ -465,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the collective backend DeepSpeed picks there (gloo), no memory check")
     parser.add_argument("--layers", type=int, default=4, help="layers of the default model's shape (GPU)")
     parser.add_argument("--only", default="packing,deepspeed,memory,merge", help="comma-separated checks")
+    parser.add_argument("--break-mask", action="store_true", help="pack with a plain causal mask (`causal_only`): "
+                        "the packing checks must fail")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.cpu
     if not cuda and not args.cpu:
@@ -477,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"       torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}, "
           f"{torch.cuda.get_device_name() if cuda else 'CPU'}", flush=True)
     cfg = config.load_config(ROOT / "config.toml")
+    if args.break_mask:
+        packing.Packed.allowed = property(causal_only)
     report, only = Report(), args.only.split(",")
     if "packing" in only:
         backends = ("default", "efficient", "math") if cuda else ("default", "math")
