@@ -61,6 +61,7 @@ import importlib.util
 import math
 import sys
 import tempfile
+import traceback
 import types
 from pathlib import Path
 
@@ -153,7 +154,7 @@ def random_model(arch: memory_plan.Architecture, layers: int, dtype: torch.dtype
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation="sdpa")
-    return model.eval()
+    return model.train()  # as training holds it (gradient checkpointing acts only then); its dropouts are 0
 
 
 def with_adapters(model, cfg: config.Config, b_scale: float, seed: int = 1):
@@ -503,15 +504,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.break_mask:
         packing.Packed.allowed = property(causal_only)
     report, only = Report(), args.only.split(",")
-    if "packing" in only:
-        backends = ("default", "efficient", "math") if cuda else ("default", "math")
-        check_packing(report, cfg, arch, layers, scale, backends, device)
-    if "merge" in only:
-        check_merge(report, cfg, arch, layers, scale, device)
-    if "memory" in only:
-        check_memory(report, cfg) if cuda else print("SKIP  memory: needs CUDA's allocator counters", flush=True)
-    if "deepspeed" in only:
-        check_deepspeed(report, cfg, arch, layers, scale, device)
+    backends = ("default", "efficient", "math") if cuda else ("default", "math")
+    parts = {"packing": lambda: check_packing(report, cfg, arch, layers, scale, backends, device),
+             "merge": lambda: check_merge(report, cfg, arch, layers, scale, device),
+             "memory": lambda: check_memory(report, cfg) if cuda else print("SKIP  memory: needs CUDA's allocator "
+                                                                            "counters", flush=True),
+             "deepspeed": lambda: check_deepspeed(report, cfg, arch, layers, scale, device)}
+    if set(only) - set(parts):
+        parser.error(f"--only: unknown {sorted(set(only) - set(parts))}; the checks are {list(parts)}")
+    for name in (name for name in parts if name in only):
+        try:  # one run on a device must report every part: a part that raises is a failure, the next one runs
+            parts[name]()
+        except Exception:
+            traceback.print_exc()
+            report(f"{name}: raised", False, traceback.format_exc().strip().splitlines()[-1])
     print(f"{len(report.failed)} failed" + (f": {'; '.join(report.failed)}" if report.failed else ""), flush=True)
     return 1 if report.failed else 0
 
