@@ -165,3 +165,129 @@ def test_requirements_pin_every_package_the_code_imports():
     missing = {module: distributions.get(module) for module in third_party
                if not {d.lower().replace("_", "-") for d in distributions.get(module, [module])} & pinned}
     assert not missing, f"imported but not pinned in requirements.txt: {missing}"
+
+
+# The README's reading map ("Reading order"): in its table, each function a reader opens to check the step, as
+# `module.function` (methods `module.Class.method`, a package's module `package/module`) with its depth below
+# `train_step` in brackets; above it, the counts, which must be the ones computed here from the table.
+MAP_ENTRY = re.compile(r"`([\w/]+(?:\.\w+)+)` \((\d+)\)")
+MAP_COUNTS = re.compile(r"(\d+)\s+functions\s+in\s+(\d+)\s+files,\s+([\d,]+)\s+lines\b.*?"
+                        r"at\s+most\s+(\d+)\s+calls\s+below", re.S)
+# Calls from the mapped functions that the map leaves out: machinery a reader need not check, each with what it does.
+NOT_MAPPED = {
+    "plumbing/weight_sync.sleep_engine": "hands vLLM's memory to the trainer",
+    "plumbing/weight_sync.request_kwargs": "names the adapter vLLM applies",
+    "training/metrics.timing": "times a phase",
+    "rollout.request_seed": "a sampling seed",
+    "rollout.prompt_seed": "a sampling seed",
+    "rollout.seeds_per_request": "where the sampling seed goes",
+    "rewards._note": "counts a malformed input",
+    "rewards._debug_log": "DEBUG_MODE's log",
+    "grading/grader.default_grader": "the grader when none is given (the trainer gives one)",
+    "grpo_loss._check_inputs": "checks the arguments' shapes",
+    "canoe.skip_or_stop_on_bad_step": "counts an update DeepSpeed skipped",
+    "plumbing/runtime._on_collective_device": "moves the values to the collective's device",
+    "canoe.load_policy": "loads the weights",
+    "training/preflight.check_fits": "checks the memory",
+    "plumbing/lora.trainable_parameters": "counts parameters for the memory check",
+    "training/optimizer.torch_adam_params": "picks torch's AdamW kernel",
+}
+
+
+def reading_map() -> tuple[dict[str, int], str]:
+    """The README's reading map as {function: depth}, and the text of its section."""
+    section = (ROOT / "README.md").read_text().split("\n## Reading order\n", 1)[1].split("\n## ", 1)[0]
+    entries = {}
+    for name, depth in MAP_ENTRY.findall("\n".join(line for line in section.splitlines() if line.startswith("|"))):
+        assert name not in entries, f"{name} is listed twice"
+        entries[name] = int(depth)
+    return entries, section
+
+
+def definitions(module: str) -> dict[str, ast.FunctionDef]:
+    """The functions of a repository module ("grading/tags") by name, methods as "Class.method"."""
+    body = ast.parse((ROOT / f"{module}.py").read_text()).body
+    found = {node.name: node for node in body if isinstance(node, ast.FunctionDef)}
+    for cls in (node for node in body if isinstance(node, ast.ClassDef)):
+        found |= {f"{cls.name}.{node.name}": node for node in cls.body if isinstance(node, ast.FunctionDef)}
+    return found
+
+
+def mapped_function(name: str) -> ast.FunctionDef:
+    module, function = name.split(".", 1)
+    assert (ROOT / f"{module}.py").is_file(), f"{name}: there is no {module}.py"
+    node = definitions(module).get(function)
+    assert node is not None, f"{name}: {module}.py has no function {function}"
+    return node
+
+
+def repository_calls(name: str) -> list[tuple[str, bool]]:
+    """The repository functions `name` calls by a name ast can resolve (its module's functions, its class's methods
+    through `self`, functions imported from the repository, `module.function`), each with whether the call sits in
+    a lambda or nested function, which runs later and from elsewhere."""
+    module, function = name.split(".", 1)
+    known, imported = definitions(module), {}  # imported: local name -> "package/module" or "module.function"
+    for node in ast.walk(ast.parse((ROOT / f"{module}.py").read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name: alias.name for alias in node.names if (ROOT / f"{alias.name}.py").is_file()}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            base = node.module.replace(".", "/")
+            for alias in node.names:
+                is_module = (ROOT / base / f"{alias.name}.py").is_file()
+                imported[alias.asname or alias.name] = f"{base}/{alias.name}" if is_module else f"{base}.{alias.name}"
+
+    def calls(node: ast.AST, nested: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Call):
+                yield child.func, nested
+            yield from calls(child, nested or isinstance(child, (ast.Lambda, ast.FunctionDef)))
+
+    found = []
+    for called, nested in calls(mapped_function(name), False):
+        if isinstance(called, ast.Name):
+            target = f"{module}.{called.id}" if called.id in known else imported.get(called.id, "")
+        elif isinstance(called, ast.Attribute) and isinstance(called.value, ast.Name):
+            owner = function.split(".")[0] if called.value.id == "self" else called.value.id
+            local = f"{owner}.{called.attr}" in known
+            target = f"{module}.{owner}.{called.attr}" if local else f"{imported.get(owner, '')}.{called.attr}"
+        else:
+            continue
+        target_module, _, target_function = target.partition(".")
+        if (ROOT / f"{target_module}.py").is_file() and target_function in definitions(target_module):
+            found.append((target, nested))
+    return found
+
+
+def test_the_reading_map_states_the_counts_of_its_table():
+    """Each listed function exists, at a depth of 1 or more, and the sentence above the table gives the counts of
+    the table: functions, files, lines (each function from its `def` line to its last) and the deepest depth."""
+    entries, section = reading_map()
+    nodes = {name: mapped_function(name) for name in entries}
+    shallow = [name for name, depth in entries.items() if depth < 1]
+    assert not shallow, f"depths below `train_step` start at 1: {shallow}"
+    counts = MAP_COUNTS.search(section)
+    assert counts, "the Reading order section states no 'N functions in M files, L lines ... at most D calls below'"
+    stated = [int(value.replace(",", "")) for value in counts.groups()]
+    computed = [len(entries), len({name.split(".")[0] for name in entries}),
+                sum(node.end_lineno - node.lineno + 1 for node in nodes.values()), max(entries.values())]
+    assert stated == computed, f"the README states {stated}, the table gives {computed}"
+
+
+def test_the_reading_map_follows_every_call_it_can_resolve():
+    """From `train_step` down, every repository function a listed function calls (as far as ast resolves the call)
+    is listed or named above as machinery, and is at most one call deeper than its caller (a call in a lambda or
+    nested function runs later, from elsewhere: no bound); what `train_step` calls itself is at depth 1."""
+    entries, _ = reading_map()
+    depths = {"canoe.train_step": 0, **entries}
+    left_out, too_deep = [], []
+    for caller, depth in depths.items():
+        for callee, nested in repository_calls(caller):
+            if callee not in entries and callee not in NOT_MAPPED:
+                left_out.append(f"{caller} calls {callee}")
+            elif callee in entries and not nested and entries[callee] > depth + 1:
+                too_deep.append(f"{caller} ({depth}) calls {callee} ({entries[callee]})")
+    assert not left_out, "neither in the README's reading map nor machinery:\n" + "\n".join(left_out)
+    assert not too_deep, "listed deeper than a call below its caller:\n" + "\n".join(too_deep)
+    for name in NOT_MAPPED:
+        assert name not in entries, f"{name} is both in the map and named as machinery"
+        mapped_function(name)  # it exists
