@@ -98,7 +98,8 @@ def verdict(table: dict, rules: Rules, seeds: list[int], names: tuple[str, str])
         short = [f"seed {s} {signed(d, percent)}" for s, d in zip(seeds, found["seeds"])
                  if not better(metric, d)[1] > rules.margin]
         if short:
-            failures.append(f"{row} {metric} not better than {rules.margin:g} beyond its interval on " + ", ".join(short))
+            failures.append(f"{row} {metric} not better than {rules.margin:g} beyond its interval on "
+                            + ", ".join(short))
     if not rules.allow_losses:
         lost = [f"{r} {m} {signed(c['candidate - baseline']['pooled'], is_percent(r))}" for r, metrics in table.items()
                 for m, c in metrics.items() if better(m, c["candidate - baseline"]["pooled"])[2] < 0]
@@ -141,8 +142,8 @@ def compare_table(candidate: dict[str, list[dict]], baseline: dict[str, list[dic
 
 
 def signed(triple: list[float], percent: bool) -> str:
-    """"+1.2 [−0.4, 2.8]" (points) or "+0.012 [−0.004, 0.028]" (fractions) as the README writes them: the minus sign,
-    and no sign on a zero."""
+    """"+1.2 [−0.4, 2.8]" (points) or "+0.012 [−0.004, 0.028]" (fractions) as the README writes them: the minus
+    sign, and no sign on a zero."""
     digits = 1 if percent else 3
     e, lo, hi = (round(x, digits) or 0.0 for x in triple)  # `or`: −0.0 is written 0.0
     return f"{'+' if e > 0 else ''}{e:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]".replace("-", "−")
@@ -235,6 +236,18 @@ def code_version() -> str:
     return f"{commit}+{hashlib.sha256(diff.encode()).hexdigest()[:8]}" if diff else commit
 
 
+def resolved_dtypes(names: list[str]) -> list[str]:
+    """What each `dtype` setting resolves to here (runtime.resolve_dtype). On a GPU a child process asks: the
+    question initialises CUDA, and this process stays clear of the device while the runs train on it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return [str(runtime.resolve_dtype(name)).removeprefix("torch.") for name in names]
+    code = "import sys; from plumbing.runtime import resolve_dtype; print(*(resolve_dtype(n) for n in sys.argv[1:]))"
+    asked = subprocess.run([sys.executable, "-c", code, *names], cwd=ROOT, capture_output=True, text=True, check=True)
+    return [name.removeprefix("torch.") for name in asked.stdout.split()]
+
+
 def plan_run(side: str, cfg: Config, seed: int, code: str, dtype: str, runs: Path) -> Run:
     """The run of `cfg` with `seed`, in the folder its hash names: the same config, code and dtype, the same run."""
     settings = dataclasses.asdict(dataclasses.replace(cfg, seed=seed, output_dir=""))
@@ -318,21 +331,28 @@ def score(run: Run, digests: dict[str, str], args: argparse.Namespace) -> None:
 
 
 def time_left(pending: list[tuple[str, Run]], runs: list[Run]) -> str:
-    """The time the pending tasks should take: their steps left at the mean seconds per step already timed in
-    these runs' metrics.jsonl, and their scoreboards at the mean of the scoreboards already timed."""
-    step_s = [row["time/step"] for run in runs if (run.folder / "metrics.jsonl").exists()
-              for row in read_metrics(run.folder)]
+    """The time the pending tasks should take, from what these runs already timed: their steps left at the mean
+    seconds per step of the metrics.jsonl files, each training's start-up (a finished run's seconds beyond its
+    steps' own) and their scoreboards at the mean of the scoreboards timed."""
+    logs = {run.folder: run.folder / "metrics.jsonl" for run in runs}
+    timed = {folder: [json.loads(line)["time/step"] for line in log.read_text().splitlines()]
+             for folder, log in logs.items() if log.exists()}
+    if not any(timed.values()):
+        return "the time left is known once a step is timed"
+    step_s = np.mean([t for times in timed.values() for t in times])
+    start_s = np.mean([max(json.loads((folder / TRAINED).read_text())["seconds"] - sum(times), 0.0)
+                       for folder, times in timed.items() if (folder / TRAINED).exists()] or [0.0])
     score_s = [json.loads(path.read_text())["seconds"] for run in runs
                for path in run.folder.glob(f"checkpoints/*/{SCORED}")]
-    steps = 0
+    training = 0.0
     for kind, run in pending:
         if kind == "train":
             latest = checkpoint.latest_checkpoint(run.folder)
-            steps += max(run.cfg.max_steps - (int(latest.name.split("-")[1]) if latest else 0), 0)
-    scores = sum(kind == "score" for _, run in pending)
-    if not step_s or (scores and not score_s):
-        return "the time left is known once a step and a scoreboard are timed"
-    return f"about {(steps * np.mean(step_s) + scores * np.mean(score_s or [0])) / 60:.0f} min left"
+            training += start_s + step_s * max(run.cfg.max_steps - (int(latest.name[5:]) if latest else 0), 0)
+    scores = sum(kind == "score" for kind, _ in pending)
+    if scores and not score_s:
+        return f"about {training / 60:.0f} min of training left, then {scores} scoreboards not timed yet"
+    return f"about {(training + scores * np.mean(score_s or [0.0])) / 60:.0f} min left"
 
 
 # ---------------------------------------------------------------------------------------------------- the steps
@@ -358,7 +378,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="where the report goes (default runs/compare/NAME)")
     parser.add_argument("--cache", type=Path, default=scoreboard.CACHE, help="the scoreboard's output cache")
     parser.add_argument("--draws", type=int, default=scoreboard.DRAWS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for key in ("synthetic", "heldout", "benchmarks", "runs", "cache"):  # the subprocesses run in the repository
+        setattr(args, key, getattr(args, key) and getattr(args, key).resolve())
+    return args
 
 
 def load(path: Path) -> Config:
@@ -444,8 +467,8 @@ def report(args: argparse.Namespace, argv: list[str], runs: dict[str, list[Run]]
     out.mkdir(parents=True, exist_ok=True)
     rewards = list(dict.fromkeys(n for side in runs.values() for n in side[0].cfg.rewards))
     draw_rewards({name: [r.folder for r in side] for name, side in runs.items()}, rewards, out / "rewards.png")
-    dtypes = " / ".join(dict.fromkeys(str(runtime.resolve_dtype(side[0].cfg.dtype)).removeprefix("torch.")
-                                      for side in runs.values()))
+    dtypes = " / ".join(dict.fromkeys(json.loads((r.folder / "run_config.json").read_text())["dtype"]
+                                      for side in runs.values() for r in side))
     command = shlex.join([".venv/bin/python", "bench/compare.py", *argv])
     lines = [f"# {args.config.name} ({names[0]}) against {args.baseline.name} ({names[1]}), seeds "
              f"{', '.join(map(str, seeds))}", "",
@@ -471,9 +494,9 @@ def main(argv: list[str] | None = None) -> None:
     candidate, baseline, targets, rules = checked(args)
     code = code_version()
     names = ("candidate", "default" if args.baseline.resolve() == DEFAULT else args.baseline.stem)
-    runs = {name: [plan_run(name, cfg, seed, code, str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch."),
-                            args.runs.resolve()) for seed in args.seeds]
-            for name, cfg in zip(names, (candidate, baseline))}
+    dtypes = resolved_dtypes([candidate.dtype, baseline.dtype])
+    runs = {name: [plan_run(name, cfg, seed, code, dtype, args.runs) for seed in args.seeds]
+            for name, cfg, dtype in zip(names, (candidate, baseline), dtypes)}
     digests = {t.name: scoreboard.digest_files([t.path]) for t in targets}
     in_order = [run for pair in zip(runs[names[1]], runs[names[0]]) for run in pair]  # per seed, the baseline first
     try:

@@ -202,6 +202,24 @@ def test_a_run_is_done_only_once_its_marker_names_its_last_checkpoint(tmp_path):
     assert compare.state(run) == "resume"
 
 
+def test_the_readmes_compare_config_is_the_default_with_brevity_added(tmp_path, monkeypatch):
+    """README, "Testing a reward idea": its recipes/brevity.toml, with the README's brevity reward registered (as
+    "Adding a reward" has the user do), loads as config.toml with the five rewards."""
+    section = (ROOT / "README.md").read_text().split("## Testing a reward idea", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    assert block.startswith("# recipes/brevity.toml\n")
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "brevity.toml").write_text(block)
+    (tmp_path / "config.toml").write_text((ROOT / "config.toml").read_text())
+    import rewards
+
+    monkeypatch.setitem(rewards.REWARD_FUNCS, "brevity", lambda completions, **kwargs: [0.0] * len(completions))
+    cfg = compare.load_config(tmp_path / "recipes" / "brevity.toml")
+    default = compare.load_config(ROOT / "config.toml")
+    assert cfg == dataclasses.replace(default, rewards={**default.rewards, "brevity": 0.5})
+    assert "make compare CONFIG=recipes/brevity.toml" in section
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 
 
@@ -214,7 +232,8 @@ def compared(tmp_path_factory, smoke_data) -> dict:  # noqa: F811
     for name, overrides in (("baseline", {}), ("idea", {"rewards": {**compare.load_config(
             ROOT / "recipes" / "smoke.toml").rewards, "length": 0.5}})):
         (folder / name).mkdir()
-        configs[name] = write_config(folder / name, smoke_data, max_steps=1, **overrides).rename(folder / f"{name}.toml")
+        written = write_config(folder / name, smoke_data, max_steps=1, **overrides)
+        configs[name] = written.rename(folder / f"{name}.toml")
     synthetic = folder / "eval.jsonl"
     synthetic.write_text("".join(smoke_data.read_text().splitlines(keepends=True)[:4]))
     heldout = folder / "heldout.jsonl"
@@ -244,10 +263,13 @@ def test_the_command_trains_scores_and_tabulates_both_configs_over_two_seeds(com
         "[1/8] training baseline seed 42", "[2/8] training candidate seed 42", "[3/8] training baseline seed 7",
         "[4/8] training candidate seed 7", "[5/8] scoring baseline seed 42", "[6/8] scoring candidate seed 42",
         "[7/8] scoring baseline seed 7", "[8/8] scoring candidate seed 7"]
-    assert re.search(r"… about \d+ min left$", progress[1]) and progress[4].endswith("… the time left is known once "
-                                                                                    "a step and a scoreboard are timed")
+    # the time left: from the steps timed in the first run, then from the first scoreboard too
+    assert progress[0].endswith("… the time left is known once a step is timed")
+    assert re.search(r"… about \d+ min of training left, then 4 scoreboards not timed yet$", progress[1])
+    assert re.search(r"… about \d+ min left$", progress[5])
     report = compared["folder"] / "report"
     markdown = (report / "compare.md").read_text()
+    print(markdown)
     rows = [line.split(" | ")[0] for line in markdown.splitlines() if line.startswith("| synthetic")
             or line.startswith("| heldout")]
     assert rows == ["| synthetic (4): em", "| synthetic (4): contains", "| heldout (4): em", "| heldout (4): contains"]
@@ -259,7 +281,7 @@ def test_the_command_trains_scores_and_tabulates_both_configs_over_two_seeds(com
     table = json.loads((report / "compare.json").read_text())["table"]
     for metrics in table.values():
         for r in metrics.values():
-            # the three columns' estimates agree: candidate − baseline = (candidate − plain) − (baseline − plain)
+            # the columns' estimates agree: candidate − baseline = (candidate − plain) − (baseline − plain)
             for s in range(2):
                 assert r["candidate - baseline"]["seeds"][s][0] == pytest.approx(
                     r["candidate - plain"]["seeds"][s][0] - r["baseline - plain"]["seeds"][s][0])
@@ -291,7 +313,7 @@ def test_a_run_with_another_config_is_not_reused(compared):
     command = [*command[:3], str(other), *command[4:6], "--seeds", "42", *command[9:], "--dry-run"]
     planned = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert planned.returncode == 0, planned.stderr[-3000:]
-    lines = [line for line in planned.stdout.splitlines() if line.startswith("[")]
+    lines = [line for line in planned.stdout.splitlines() if re.match(r"\[\d/4\] ", line)]
     assert lines[0].startswith("[1/4] training baseline seed 42: done before, reused (")
     assert lines[1].startswith("[2/4] training candidate seed 42: to do, from the start (")
     assert lines[3].startswith("[4/4] scoring candidate seed 42: to do (")
