@@ -195,8 +195,9 @@ def draw_rewards(groups: dict[str, list[Path]], rewards: list[str], path: Path) 
                 ax.plot(range(1, len(values) + 1), values, color=color, alpha=0.3, linewidth=0.8)
             steps = min(map(len, series))
             ax.plot(range(1, steps + 1), np.mean([v[:steps] for v in series], axis=0), color=color, linewidth=2,
-                    label=label)
+                    marker="o", markersize=3, label=label)  # a marker: a run of one step is a point, not a line
             ax.set_title(name, fontsize=9)
+            ax.xaxis.get_major_locator().set_params(integer=True)
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.supxlabel("step (thin: each seed; thick: their mean)", fontsize=9)
@@ -493,7 +494,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     candidate, baseline, targets, rules = checked(args)
     code = code_version()
-    names = ("candidate", "default" if args.baseline.resolve() == DEFAULT else args.baseline.stem)
+    default = args.baseline.resolve() == DEFAULT
+    names = ("candidate", "default" if default else args.baseline.stem.replace("candidate", "baseline"))
     dtypes = resolved_dtypes([candidate.dtype, baseline.dtype])
     runs = {name: [plan_run(name, cfg, seed, code, dtype, args.runs) for seed in args.seeds]
             for name, cfg, dtype in zip(names, (candidate, baseline), dtypes)}
