@@ -130,6 +130,8 @@ def test_a_push_that_did_not_land_passes_a_bf16_probe_tolerance_but_not_the_weig
     monkeypatch.setattr(canoe, "score", fixed_rewards)
     run, llm = make_run(tmp_path, sleep=False)
     run.cfg = run.cfg.__class__(**{**run.cfg.__dict__, "sync_tolerance": 0.5, "learning_rate": 1e-6})
+    for group in run.engine.optimizer.param_groups:  # the optimizer was built at make_run's rate: a small update here
+        group["lr"] = 1e-6
     run.push.tolerance = 0.5
     run.push.checksums = True  # what setup sets outside float32; float32 here, the stand-in's dtype
     step = canoe.train_step(run)  # a push that lands: both checks pass
