@@ -65,6 +65,7 @@ class Config:
     response_prefix: str = _key("", "text that opens every answer, e.g. \"<think>\" (R1-Zero's prompt end)")
     example_problem: str = _key("", "a worked example's user turn, shown before every prompt; empty: none")
     example_response: str = _key("", "the worked example's reply (set both or neither)")
+    examples: list = _key([], "[problem, response] pairs instead: one worked example drawn per prompt (D23)")
     # --- rollout
     num_generations: int = _key(7, "G, samples per prompt in stage 1 (the group of the advantage)")
     max_completion_tokens: int = _key(1024, "max new tokens per completion, stage 1 and stage 2")
@@ -159,6 +160,8 @@ class Config:
         style = {"system_prompt": self.system_prompt or SYSTEM_PROMPT, "response_prefix": self.response_prefix}
         if self.example_problem:
             style["example"] = (self.example_problem, self.example_response)
+        if self.examples:
+            style["examples"] = tuple(map(tuple, self.examples))
         return style
 
 
@@ -259,6 +262,9 @@ def _validate(path: Path, cfg: Config) -> None:
         raise bad("top_p", "must lie in (0, 1]")
     if bool(cfg.example_problem) != bool(cfg.example_response):
         raise bad("example_problem", "set example_problem and example_response together, or neither")
+    if cfg.examples and (cfg.example_problem or not all(isinstance(pair, list) and len(pair) == 2 and all(
+            isinstance(text, str) and text for text in pair) for pair in cfg.examples)):
+        raise bad("examples", "a list of [problem, response] pairs of text, set instead of example_problem")
     unknown = [name for name in cfg.rewards if name not in REWARD_FUNCS]
     if unknown or not cfg.rewards:
         raise bad("rewards", f"unknown {unknown}; known: {sorted(REWARD_FUNCS)} (a new reward is registered in "

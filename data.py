@@ -16,6 +16,7 @@ import re
 import string
 import unicodedata
 import warnings
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -223,9 +224,12 @@ def build_messages(problem: str, system_prompt: str = SYSTEM_PROMPT, example: Se
 
 
 def render_prompt(tokenizer: Any, problem: str, system_prompt: str = SYSTEM_PROMPT, response_prefix: str = "",
-                  example: Sequence[str] = ()) -> str:
+                  example: Sequence[str] = (), examples: Sequence[Sequence[str]] = ()) -> str:
     """The prompt text the model sees: the chat template applied, then the assistant's turn opener and
-    `response_prefix` (the first words of every answer, e.g. `<think>`: the rewards see it, it is never trained)."""
+    `response_prefix` (the first words of every answer, e.g. `<think>`: the rewards see it, it is never trained).
+    With `examples`, the worked example is the one the problem's CRC-32 picks: a prompt sees the same one in
+    training and evaluation, and no single example is in every prompt (docs/differences.md, D23)."""
+    example = examples[zlib.crc32(problem.encode()) % len(examples)] if examples else example
     chat = build_messages(problem, system_prompt, example)
     return tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) + response_prefix
 
@@ -274,7 +278,8 @@ class PromptOverflowWarning(UserWarning):
 
 def prepare_prompts(tokenizer: Any, rows: Sequence[dict], max_prompt_tokens: int, on_overflow: str = "drop",
                     system_prompt: str = SYSTEM_PROMPT, response_prefix: str = "",
-                    example: Sequence[str] = ()) -> tuple[list[dict], PromptReport]:
+                    example: Sequence[str] = (), examples: Sequence[Sequence[str]] = ()
+                    ) -> tuple[list[dict], PromptReport]:
     """Render and tokenize every row's prompt; keep those within `max_prompt_tokens`, as new dicts with `prompt`
     (the text) and `prompt_ids` set.
 
@@ -287,7 +292,8 @@ def prepare_prompts(tokenizer: Any, rows: Sequence[dict], max_prompt_tokens: int
         raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
     if not rows:
         raise DataError("no rows to prepare")
-    texts = [render_prompt(tokenizer, row["problem"], system_prompt, response_prefix, example) for row in rows]
+    texts = [render_prompt(tokenizer, row["problem"], system_prompt, response_prefix, example, examples)
+             for row in rows]
     # The chat template already writes every special token (BOS included where the model has one); letting the
     # tokenizer add its own would double them and make the count wrong.
     all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]

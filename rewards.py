@@ -10,6 +10,7 @@ chat messages per sample, whose first `content` is the text; adding one is that 
 | `format`    | the text is exactly `<think>..</think> <long_answer>..</long_answer> <answer>..</answer>`         |
 | `influence` | the stage-2 completion (regenerated from the long answer alone) has the solution's answer span    |
 | `length`    | the long answer is strictly between 20% and 80% of the context, in characters                    |
+| `grounding` | the `<answer>` is at most 12 words and a span of the context (not CANOE's: D22)                    |
 
 The *answer span* of a text (`tags.answer_span`) is its first `<answer>...</answer>` stripped, else the whole text
 stripped. Malformed input (not a list, a None text, a missing tag, a column of the wrong length) scores 0.0 for
@@ -216,6 +217,22 @@ def len_reward(completions: list, problem: list, **kwargs: Any) -> list[float]:
     return rewards
 
 
+def grounding_reward(completions: list, problem: list, **kwargs: Any) -> list[float]:
+    """1.0 iff the first `<answer>` block holds 1-12 words that appear, in that order, in the problem's `<context>`
+    (case and runs of whitespace ignored); 0.0 otherwise. Not CANOE's (docs/differences.md, D22): a lever that pays
+    for answering from the passage itself, not from the prompt's worked example or from memory."""
+    entries = _entries(completions, "grounding")
+    if entries is None:
+        return []
+    texts = _texts(entries, "grounding")
+    rewards = []
+    for text, prompt in zip(texts, _column(problem, len(texts), "grounding", "problem")):
+        context = " ".join((tag_content(_problem_text(prompt) or "", "context") or "").lower().split())
+        words = (tag_content(text or "", "answer") or "").lower().split()
+        rewards.append(1.0 if context and 0 < len(words) <= 12 and " ".join(words) in context else 0.0)
+    return rewards
+
+
 def score(names: Sequence[str], rows: list[dict], completions: list, stage2: list, G: int, **extra) -> torch.Tensor:
     """`(N, R)` float32: each reward of `names` (REWARD_FUNCS) for each of the N = B·G completions (rollout.py's),
     column j for names[j]. Every reward is called with `completions` and `completions_long_answer` (stage 2's, None
@@ -236,6 +253,7 @@ def score(names: Sequence[str], rows: list[dict], completions: list, stage2: lis
 REWARD_FUNCS: dict[str, Callable[..., list[float]]] = {
     "accuracy": accuracy_reward,
     "format": format_reward,
+    "grounding": grounding_reward,
     "influence": influence_reward,
     "length": len_reward,
 }

@@ -311,19 +311,22 @@ def per_item_hits(target: Target, items: list, outputs: list[str]) -> dict[str, 
 
 
 def example_names(style: dict) -> list[str]:
-    """The names of the prompt's worked example that an answer could copy, from the example turn's response where
-    there is one, else from the system prompt: the content of its last `<answer>` (the example's; a description of
-    the format may name the tags before it) and the multi-word capitalised names of its last `<long_answer>`
-    ("Osric Hallam", "Varnel Bridge" in config.toml). A span that opens in lower case is the format's description
-    naming its tags ("written within <answer> and </answer>"), not an example's answer, so a prompt with no example
-    has no names."""
-    text = style["example"][1] if style.get("example") else style["system_prompt"]
-    answers = re.findall(r"<answer>(.*?)</answer>", text, re.S)
-    long_answers = re.findall(r"<long_answer>(.*?)</long_answer>", text, re.S)
-    answer = answers[-1].strip() if answers else ""
-    found = [answer] if answer and not answer[0].islower() else []
-    if long_answers:
-        found += re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)+", long_answers[-1])
+    """The names of the prompt's worked examples that an answer could copy (every example's, where one is drawn
+    per prompt), from each example turn's response where there is one, else from the system prompt: the content of
+    its last `<answer>` (the example's; a description of the format may name the tags before it) and the multi-word
+    capitalised names of its last `<long_answer>` ("Osric Hallam", "Varnel Bridge" in config.toml). A span that
+    opens in lower case is the format's description naming its tags ("written within <answer> and </answer>"), not
+    an example's answer, so a prompt with no example has no names."""
+    texts = ([response for _, response in style["examples"]] if style.get("examples") else
+             [style["example"][1] if style.get("example") else style["system_prompt"]])
+    found = []
+    for text in texts:
+        answers = re.findall(r"<answer>(.*?)</answer>", text, re.S)
+        long_answers = re.findall(r"<long_answer>(.*?)</long_answer>", text, re.S)
+        answer = answers[-1].strip() if answers else ""
+        found += [answer] if answer and not answer[0].islower() else []
+        if long_answers:
+            found += re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)+", long_answers[-1])
     return list(dict.fromkeys(found))
 
 

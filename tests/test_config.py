@@ -115,6 +115,15 @@ def test_bad_base(tmp_path, text, message):
         load_config(write(tmp_path, text))
 
 
+def test_examples_are_pairs_of_text_set_instead_of_the_single_example(tmp_path):
+    cfg = load_config(write(tmp_path, 'examples = [["P1", "R1"], ["P2", "R2"]]\n'))
+    assert cfg.prompt_style()["examples"] == (("P1", "R1"), ("P2", "R2")) and "example" not in cfg.prompt_style()
+    for text in ('examples = [["P1"]]\n', 'examples = [["P1", ""]]\n', 'examples = ["P1", "R1"]\n',
+                 'examples = [["P1", "R1"]]\nexample_problem = "P"\nexample_response = "R"\n'):
+        with pytest.raises(ConfigError, match="examples = .*pairs of text"):
+            load_config(write(tmp_path, text))
+
+
 def test_ints_are_accepted_for_floats_and_config_is_frozen(tmp_path):
     cfg = load_config(write(tmp_path, "beta = 0\nlearning_rate = 1e-5\n"))
     assert cfg.beta == 0.0 and isinstance(cfg.beta, float)

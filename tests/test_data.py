@@ -218,6 +218,20 @@ def test_render_prompt_contains_system_and_user_and_ends_with_generation_prompt(
     assert text.endswith("<|im_start|>assistant\n")  # SmolLM2's (ChatML) assistant turn opener
 
 
+def test_render_prompt_draws_one_example_per_problem_and_keeps_it(chat_tokenizer):
+    examples = [(f"<context>Example passage {k}.</context>\n\nQuestion {k}?", f"<answer>Answer {k}</answer>")
+                for k in range(4)]
+    shown = []
+    for i in range(40):
+        problem = f"<context>Passage {i}.</context>\n\nQuestion?"
+        text = data.render_prompt(chat_tokenizer, problem, examples=examples)
+        inside = [k for k, (p, r) in enumerate(examples) if p in text and r in text]
+        assert len(inside) == 1 and text.index(examples[inside[0]][1]) < text.index(problem)
+        assert data.render_prompt(chat_tokenizer, problem, examples=examples) == text  # the same draw every time
+        shown += inside
+    assert set(shown) == {0, 1, 2, 3}  # 40 problems see all four
+
+
 def _rows_with_lengths(tokenizer, n_long: int = 2) -> tuple[list[dict], int]:
     """Three short rows and `n_long` long ones; returns the rows and a limit between the two lengths."""
     short = [{**GOOD, "id": f"s{i}"} for i in range(3)]

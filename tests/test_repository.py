@@ -101,7 +101,7 @@ def test_no_import_cycle():
 # The line budget (raw lines, as `wc -l` counts them), as tinygrad keeps its own: the references a reader holds this
 # code against do GRPO with vLLM and DeepSpeed in under 2,000 lines. A ratchet: lowered as code leaves, raised only
 # on purpose. The goal outside tests/ and bench/ is 6,000 (docs/DESIGN.md, "Size").
-BUDGET = {"Python outside tests/ and bench/": 6620, "the card's five files": 1800, "canoe.py": 450}
+BUDGET = {"Python outside tests/ and bench/": 6650, "the card's five files": 1800, "canoe.py": 450}
 CARD_FILES = ("canoe.py", "rollout.py", "rewards.py", "grpo_loss.py", "data.py")
 MAX_FUNCTION_LINES = 60
 MAX_STEP_LINES = 45

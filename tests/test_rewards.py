@@ -20,6 +20,7 @@ from rewards import (
     REWARD_ISSUES,
     accuracy_reward,
     format_reward,
+    grounding_reward,
     influence_reward,
     len_reward,
     r1_zero_reward_fn,
@@ -177,6 +178,35 @@ CONTEXT_100 = "<context>" + "x" * 100 + "</context>\n\nWhat is asked?"
 )
 def test_length_extra(long_answer, problem, expected):
     assert len_reward([chat(tagged("a", long_answer=long_answer))], [problem]) == [expected]
+
+
+PASSAGE = "<context>The Varnel Bridge was designed by the engineer\n  Osric Hallam in 1911.</context>\n\nWho?"
+
+
+@pytest.mark.parametrize(
+    "answer, problem, expected",
+    [
+        ("Osric Hallam", PASSAGE, 1.0),
+        ("the ENGINEER   osric hallam", PASSAGE, 1.0),  # case and runs of whitespace ignored, across the line break
+        ("Hallam Osric", PASSAGE, 0.0),  # the words, but not in the passage's order
+        ("Mira Castell", PASSAGE, 0.0),
+        ("1911", "<context>1911 is not here</context>\n\nWhen? 1911", 1.0),
+        ("Varnel Bridge", "Varnel Bridge, but no context", 0.0),
+        ("", PASSAGE, 0.0),  # an empty answer is no span
+        ("a b c d e f g h i j k l", "<context>a b c d e f g h i j k l m</context>", 1.0),  # twelve words
+        ("a b c d e f g h i j k l m", "<context>a b c d e f g h i j k l m</context>", 0.0),  # thirteen
+        ("Osric Hallam", [{"role": "user", "content": PASSAGE}], 1.0),  # a chat prompt
+    ],
+)
+def test_grounding(answer, problem, expected):
+    assert grounding_reward([chat(tagged(answer))], [problem]) == [expected]
+
+
+def test_grounding_reads_only_the_answer_tag_and_scores_malformed_input_0():
+    untagged = [chat("Osric Hallam"), chat(None), "not messages"]
+    assert grounding_reward(untagged, [PASSAGE] * 3) == [0.0, 0.0, 0.0]
+    assert grounding_reward([chat("<answer>Osric Hallam</answer>")], [None]) == [0.0]
+    assert REWARD_FUNCS["grounding"] is grounding_reward
 
 
 CANOE_REWARDS = {"accuracy": accuracy_reward, "format": format_reward, "influence": influence_reward,

@@ -117,6 +117,10 @@ def test_the_defaults_example_and_the_failure_modes_are_recognised():
     # config.toml's format description without its example names the tags, and nothing an answer could copy
     described = sb.load_config(ROOT / "config.toml").system_prompt
     assert "<answer> and </answer>" in described and sb.example_names({"system_prompt": described}) == []
+    # examples drawn per prompt: every one's names, in order
+    drawn = sb.example_names(sb.load_config(ROOT / "recipes" / "examples-drawn.toml").prompt_style())
+    assert drawn == ["Osric Hallam", "Varnel Bridge", "38 metres", "Corran Light", "Dunmere", "Hessel Lantern Fair",
+                     "Green slate"]
 
 
 def lora_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
