@@ -12,8 +12,8 @@ Written to runs/compare/NAME/ and printed: compare.md (the table, the example's 
 the command, the verdict), compare.json and rewards.png (both configs' per-step rewards).
 
 Nothing is done twice. A run's folder, under runs/compare/runs/, is named by a hash of its resolved config (its
-seed in, its output folder out), of the code (the commit and any uncommitted change to a .py file outside tests/
-and bench/) and of the dtype it resolves to here. A finished run (its marker, final checkpoint and metrics.jsonl)
+seed in, its output folder out), of the code training runs (the .py files outside tests/ and bench/ and
+requirements.txt, as they stand, committed or not) and of the dtype it resolves to here. A finished run (its marker, final checkpoint and metrics.jsonl)
 serves every compare that needs it, so the default's seeds are trained once; an interrupted one resumes from its
 last checkpoint (canoe.py --resume), or starts again when it saved none; a run already scored on the same files
 is not scored again, and the scoreboard's cache holds the plain base's outputs. Before any training both configs
@@ -60,6 +60,7 @@ from training.plot import read_metrics  # noqa: E402
 RUNS = ROOT / "runs" / "compare"  # the runs under RUNS/runs, each compare's report under RUNS/NAME
 DEFAULT = ROOT / "config.toml"
 SEEDS = (42, 7, 1234)
+SKIPPED = {"tests", "bench", ".venv", ".git", "runs", "models", "data"}  # no code that training runs
 TRAINED = "compare-trained.json"  # in a run's folder once canoe.py ended well: its final checkpoint, its seconds
 SCORED = "compare-scored.json"  # beside scoreboard.predictions.jsonl: the files' digests, the seconds
 LOWER_IS_BETTER = {"mr", "org"}  # ConFiQA's memorisation ratio and cnq500's original answer count memory winning
@@ -235,6 +236,21 @@ def code_version() -> str:
     diff = git("diff", "HEAD", "--", "*.py", ":!tests", ":!bench").stdout
     commit = head.stdout.strip()[:12]
     return f"{commit}+{hashlib.sha256(diff.encode()).hexdigest()[:8]}" if diff else commit
+
+
+def code_digest() -> str:
+    """A digest of the code that training runs as it stands in the working tree: every .py file git knows or would
+    add, tests/ and bench/ left out, and requirements.txt. A commit that touches only documents, tests or benchmarks
+    keeps it, so the default's seeds are not trained again for those."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", "*.py", ":!tests", ":!bench"],
+                            cwd=ROOT, capture_output=True, text=True)
+    paths = sorted(listed.stdout.split()) if not listed.returncode else sorted(
+        str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0] not in SKIPPED)
+    digest = hashlib.sha256()
+    for path in [*paths, "requirements.txt"]:
+        if (ROOT / path).is_file():
+            digest.update(path.encode() + b"\0" + (ROOT / path).read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def resolved_dtypes(names: list[str]) -> list[str]:
@@ -497,7 +513,7 @@ def main(argv: list[str] | None = None) -> None:
     default = args.baseline.resolve() == DEFAULT
     names = ("candidate", "default" if default else args.baseline.stem.replace("candidate", "baseline"))
     dtypes = resolved_dtypes([candidate.dtype, baseline.dtype])
-    runs = {name: [plan_run(name, cfg, seed, code, dtype, args.runs) for seed in args.seeds]
+    runs = {name: [plan_run(name, cfg, seed, code_digest(), dtype, args.runs) for seed in args.seeds]
             for name, cfg, dtype in zip(names, (candidate, baseline), dtypes)}
     digests = {t.name: scoreboard.digest_files([t.path]) for t in targets}
     in_order = [run for pair in zip(runs[names[1]], runs[names[0]]) for run in pair]  # per seed, the baseline first

@@ -187,6 +187,33 @@ def test_a_runs_folder_follows_its_config_seed_code_and_dtype_and_nothing_else(t
     assert compare.load_config(path) == run.cfg
 
 
+def test_the_code_key_follows_the_training_code_and_not_documents_tests_or_benchmarks(tmp_path, monkeypatch):
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    for name, text in {"rewards.py": "A = 1\n", "requirements.txt": "torch==1\n", "README.md": "r\n",
+                       "tests/test_a.py": "t\n", "bench/b.py": "b\n", ".gitignore": "runs/\n"}.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(compare, "ROOT", tmp_path)
+    first = compare.code_digest()
+    for name in ("README.md", "tests/test_a.py", "bench/b.py"):  # edited and committed: the same code
+        (tmp_path / name).write_text("changed\n")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "x.py").write_text("ignored\n")
+    git("commit", "-qam", "two")
+    assert compare.code_digest() == first
+    keys = set()
+    for name, text in (("rewards.py", "A = 2\n"), ("requirements.txt", "torch==2\n"), ("new.py", "B = 1\n")):
+        (tmp_path / name).write_text(text)  # uncommitted, and a file git does not know yet, count too
+        keys.add(compare.code_digest())
+    assert first not in keys and len(keys) == 3
+
+
 def test_a_run_is_done_only_once_its_marker_names_its_last_checkpoint(tmp_path):
     run = compare.plan_run("default", compare.load_config(ROOT / "config.toml"), 7, "abc", "float32", tmp_path)
     assert compare.state(run) == "start"
