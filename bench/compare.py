@@ -350,7 +350,8 @@ def score(run: Run, digests: dict[str, str], args: argparse.Namespace) -> None:
 def time_left(pending: list[tuple[str, Run]], runs: list[Run]) -> str:
     """The time the pending tasks should take, from what these runs already timed: their steps left at the mean
     seconds per step of the metrics.jsonl files, each training's start-up (a finished run's seconds beyond its
-    steps' own) and their scoreboards at the mean of the scoreboards timed."""
+    steps' own) and their scoreboards at the mean of the scoreboards timed. A run both sides share counts once."""
+    pending = list({(kind, run.folder): (kind, run) for kind, run in pending}.values())
     logs = {run.folder: run.folder / "metrics.jsonl" for run in runs}
     timed = {folder: [json.loads(line)["time/step"] for line in log.read_text().splitlines()]
              for folder, log in logs.items() if log.exists()}

@@ -214,6 +214,19 @@ def test_the_code_key_follows_the_training_code_and_not_documents_tests_or_bench
     assert first not in keys and len(keys) == 3
 
 
+def test_the_time_left_counts_a_run_both_sides_share_once(tmp_path):
+    cfg = compare.load_config(ROOT / "config.toml")
+    timed, shared = (compare.plan_run(side, cfg, seed, "code", "bfloat16", tmp_path)
+                     for side, seed in (("default", 42), ("default", 7)))
+    timed.folder.mkdir(parents=True)
+    (timed.folder / "metrics.jsonl").write_text("".join(json.dumps({"time/step": 10.0}) + "\n" for _ in range(24)))
+    (timed.folder / compare.TRAINED).write_text(json.dumps({"checkpoint": "step-000024", "seconds": 300.0}))
+    one = compare.time_left([("train", shared)], [timed, shared])
+    assert one == "about 5 min left"  # 24 steps of 10 s and 60 s of start-up
+    twice = [("train", shared), ("train", dataclasses.replace(shared, side="candidate"))]
+    assert compare.time_left(twice, [timed, shared]) == one
+
+
 def test_a_run_is_done_only_once_its_marker_names_its_last_checkpoint(tmp_path):
     run = compare.plan_run("default", compare.load_config(ROOT / "config.toml"), 7, "abc", "float32", tmp_path)
     assert compare.state(run) == "start"
