@@ -11,14 +11,14 @@ seed (paired over items) and pooled over the seeds (bench/pool_seeds.py: seeds a
 Written to runs/compare/NAME/ and printed: compare.md (the table, the example's copies, the machine, dtype, commit,
 the command, the verdict), compare.json and rewards.png (both configs' per-step rewards).
 
-Nothing is done twice. A run's folder, under runs/compare/runs/, is named by a hash of its resolved config (its
-seed in, its output folder out), of the code training runs (the .py files outside tests/ and bench/ and
-requirements.txt, as they stand, committed or not) and of the dtype it resolves to here. A finished run (its marker, final checkpoint and metrics.jsonl)
-serves every compare that needs it, so the default's seeds are trained once; an interrupted one resumes from its
-last checkpoint (canoe.py --resume), or starts again when it saved none; a run already scored on the same files
-is not scored again, and the scoreboard's cache holds the plain base's outputs. Before any training both configs
-are loaded as the trainer loads them (a config error, a reward not in REWARD_FUNCS: the trainer's message) and the
-training data and the decision set's files must exist.
+Nothing is done twice. A run's folder, under runs/compare/runs/, is named by a hash of its resolved config (its seed
+in, its output folder out), of the code training runs (the .py files outside tests/ and bench/ and requirements.txt,
+as they stand, committed or not) and of the dtype it resolves to here. A finished run (its marker, final checkpoint
+and metrics.jsonl) serves every compare that needs it, so the default's seeds are trained once; an interrupted one
+resumes from its last checkpoint (canoe.py --resume), or starts again when it saved none; a run already scored on
+the same files is not scored again, and the scoreboard's cache holds the plain base's outputs. Before any training
+both configs are loaded as the trainer loads them (a config error, a reward not in REWARD_FUNCS: the trainer's
+message) and the training data and the decision set's files must exist.
 
 The verdict (`Rules`), read on the pooled candidate − baseline column: by default the candidate is adopted when the
 primary metric's interval lies above 0 (cnq500 em with --benchmarks, else synthetic contains) and no row's interval
@@ -514,7 +514,8 @@ def main(argv: list[str] | None = None) -> None:
     default = args.baseline.resolve() == DEFAULT
     names = ("candidate", "default" if default else args.baseline.stem.replace("candidate", "baseline"))
     dtypes = resolved_dtypes([candidate.dtype, baseline.dtype])
-    runs = {name: [plan_run(name, cfg, seed, code_digest(), dtype, args.runs) for seed in args.seeds]
+    key = code_digest()
+    runs = {name: [plan_run(name, cfg, seed, key, dtype, args.runs) for seed in args.seeds]
             for name, cfg, dtype in zip(names, (candidate, baseline), dtypes)}
     digests = {t.name: scoreboard.digest_files([t.path]) for t in targets}
     in_order = [run for pair in zip(runs[names[1]], runs[names[0]]) for run in pair]  # per seed, the baseline first
