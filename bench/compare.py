@@ -350,8 +350,7 @@ def score(run: Run, digests: dict[str, str], args: argparse.Namespace) -> None:
 def time_left(pending: list[tuple[str, Run]], runs: list[Run]) -> str:
     """The time the pending tasks should take, from what these runs already timed: their steps left at the mean
     seconds per step of the metrics.jsonl files, each training's start-up (a finished run's seconds beyond its
-    steps' own) and their scoreboards at the mean of the scoreboards timed. A run both sides share counts once."""
-    pending = list({(kind, run.folder): (kind, run) for kind, run in pending}.values())
+    steps' own) and their scoreboards at the mean of the scoreboards timed."""
     logs = {run.folder: run.folder / "metrics.jsonl" for run in runs}
     timed = {folder: [json.loads(line)["time/step"] for line in log.read_text().splitlines()]
              for folder, log in logs.items() if log.exists()}
@@ -445,7 +444,8 @@ def machine_kind() -> str:
 
 def run_tasks(runs: list[Run], digests: dict[str, str], args: argparse.Namespace) -> None:
     """Train every run, then score every run, each unless done before, with a progress line per task; with
-    --dry-run, only say which."""
+    --dry-run, only say which. A run both sides share (a config compared with itself) is one task of each kind."""
+    runs = [run for k, run in enumerate(runs) if run.folder not in {r.folder for r in runs[:k]}]
     tasks = [("train", run) for run in runs] + [("score", run) for run in runs]
 
     def done(kind: str, run: Run) -> bool:

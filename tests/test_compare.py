@@ -4,6 +4,7 @@ scores nothing) and then planned with another candidate (whose run is not taken 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib.util
 import json
@@ -214,17 +215,21 @@ def test_the_code_key_follows_the_training_code_and_not_documents_tests_or_bench
     assert first not in keys and len(keys) == 3
 
 
-def test_the_time_left_counts_a_run_both_sides_share_once(tmp_path):
+def test_a_config_compared_with_itself_trains_and_scores_each_seed_once(tmp_path, capsys):
     cfg = compare.load_config(ROOT / "config.toml")
-    timed, shared = (compare.plan_run(side, cfg, seed, "code", "bfloat16", tmp_path)
-                     for side, seed in (("default", 42), ("default", 7)))
-    timed.folder.mkdir(parents=True)
-    (timed.folder / "metrics.jsonl").write_text("".join(json.dumps({"time/step": 10.0}) + "\n" for _ in range(24)))
-    (timed.folder / compare.TRAINED).write_text(json.dumps({"checkpoint": "step-000024", "seconds": 300.0}))
-    one = compare.time_left([("train", shared)], [timed, shared])
-    assert one == "about 5 min left"  # 24 steps of 10 s and 60 s of start-up
-    twice = [("train", shared), ("train", dataclasses.replace(shared, side="candidate"))]
-    assert compare.time_left(twice, [timed, shared]) == one
+    runs = [compare.plan_run(side, cfg, seed, "code", "bfloat16", tmp_path)
+            for seed in (42, 7) for side in ("default", "candidate")]
+    assert runs[0].folder == runs[1].folder  # the same resolved config, seed, code and dtype: one folder
+    runs[0].folder.mkdir(parents=True)
+    (runs[0].folder / "metrics.jsonl").write_text("".join(json.dumps({"time/step": 10.0}) + "\n" for _ in range(24)))
+    (runs[0].folder / compare.TRAINED).write_text(json.dumps({"checkpoint": "step-000024", "seconds": 300.0}))
+    compare.run_tasks(runs, {}, argparse.Namespace(dry_run=True))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "[1/4] training default seed 42", "[2/4] training default seed 7", "[3/4] scoring default seed 42",
+        "[4/4] scoring default seed 7", "dry run"]
+    # two trainings of 24 steps of 10 s and 60 s of start-up (each side counted: 20 min); no scoreboard timed yet
+    assert lines[-1] == "dry run: about 10 min of training left, then 2 scoreboards not timed yet"
 
 
 def test_a_run_is_done_only_once_its_marker_names_its_last_checkpoint(tmp_path):
