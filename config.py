@@ -247,7 +247,7 @@ def _validate(path: Path, cfg: Config) -> None:
         if getattr(cfg, key) < 1:
             raise bad(key, "must be at least 1")
     for key in ("max_steps", "dynamic_sampling_draws", "sample_every", "save_every", "beta", "weight_decay",
-                "clip_eps_high", "advantage_eps", "num_epochs", "temperature", "importance_cap",
+                "clip_eps_high", "advantage_eps", "num_epochs", "importance_cap",
                 "max_minutes", "sync_tolerance", "lora_rank"):
         if getattr(cfg, key) < 0:
             raise bad(key, "must not be negative")
@@ -260,6 +260,8 @@ def _validate(path: Path, cfg: Config) -> None:
             raise bad(key, "must lie in [0, 1)")
     if not 0 < cfg.top_p <= 1:
         raise bad("top_p", "must lie in (0, 1]")
+    if not cfg.temperature > 0:  # π_θ is softmax(logits / τ): greedy decoding (τ = 0) has no π to train
+        raise bad("temperature", "must be positive: π_θ is the softmax of the logits over it, and 0 is greedy decoding")
     if bool(cfg.example_problem) != bool(cfg.example_response):
         raise bad("example_problem", "set example_problem and example_response together, or neither")
     if cfg.examples and (cfg.example_problem or not all(isinstance(pair, list) and len(pair) == 2 and all(

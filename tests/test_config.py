@@ -77,6 +77,7 @@ def test_defaults_are_the_papers():
         ('advantage_std = "mad"\n', "advantage_std = 'mad': must be one of ('unbiased', 'biased', 'none')"),
         ("mask_truncated = 1\n", "key 'mask_truncated' must be bool, got int"),
         ("learning_rate = 0.0\n", "learning_rate = 0.0: must lie in (0, 1)"),
+        ("temperature = 0.0\n", "temperature = 0.0: must be positive"),
         ("max_steps = 0\nnum_epochs = 0.0\n", "num_epochs = 0.0: with max_steps = 0 this must be positive"),
         ("num_generations = \n", "is not valid TOML"),
     ],
