@@ -260,8 +260,6 @@ def _validate(path: Path, cfg: Config) -> None:
             raise bad(key, "must lie in [0, 1)")
     if not 0 < cfg.top_p <= 1:
         raise bad("top_p", "must lie in (0, 1]")
-    if not cfg.temperature > 0:  # π_θ is softmax(logits / τ): greedy decoding (τ = 0) has no π to train
-        raise bad("temperature", "must be positive: π_θ is the softmax of the logits over it, and 0 is greedy decoding")
     if bool(cfg.example_problem) != bool(cfg.example_response):
         raise bad("example_problem", "set example_problem and example_response together, or neither")
     if cfg.examples and (cfg.example_problem or not all(isinstance(pair, list) and len(pair) == 2 and all(
@@ -274,7 +272,7 @@ def _validate(path: Path, cfg: Config) -> None:
     not_numbers = [name for name, w in cfg.rewards.items() if isinstance(w, bool) or not isinstance(w, (int, float))]
     if not_numbers:
         raise bad("rewards", f"the weight of {not_numbers} must be a number")
-    for key in ("lora_alpha", "dist_timeout_minutes"):
+    for key in ("lora_alpha", "dist_timeout_minutes", "temperature"):  # π_θ = softmax(logits / τ): τ = 0 has none
         if not getattr(cfg, key) > 0:
             raise bad(key, "must be positive")
     if not cfg.lora_target_modules or not all(isinstance(m, str) and m for m in cfg.lora_target_modules):
