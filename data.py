@@ -111,8 +111,7 @@ def load_records(path: str | Path, split: str | None = None) -> list[dict]:
     """The rows of a parquet, JSON or JSONL file, or of a `datasets` folder, as plain dicts; no field is checked.
 
     A `save_to_disk` folder holding several splits gives `split` (or its only one); any other folder is read as a
-    folder of data files (e.g. one downloaded from the hub).
-    """
+    folder of data files (e.g. one downloaded from the hub)."""
     import datasets  # heavy; only these formats need it
 
     path = Path(path)
@@ -174,8 +173,7 @@ def load_dataset(path: str | Path) -> list[dict]:
     every bad line or row is named in one DataError, none skipped.
 
     CANOE's own `final_10k.jsonl` loads as it is: its `message` column is an ordinary extra field, since stage 2
-    builds its prompt from `problem` (rollout.substitute_context).
-    """
+    builds its prompt from `problem` (rollout.substitute_context)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".jsonl":

@@ -6,8 +6,7 @@ are fresh interpreters (`sys.executable -c`), neither forks of the trainer nor m
 re-imports the trainer's `__main__`, and torch), and import only this file and their job modules. They persist
 across calls and take one call at a time, its deadline running from when it is sent; messages are pickles over
 their stdin/stdout. Outcomes are reported, never raised; only workers that cannot start at all raise
-WorkerStartError.
-"""
+WorkerStartError."""
 
 from __future__ import annotations
 

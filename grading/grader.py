@@ -6,8 +6,7 @@ r"""When are two answers the same? Answer equivalence for CANOE's accuracy rewar
    plain numbers, fractions, and sets and intervals of them are compared exactly here (`settle_locally`).
 2. `MathGrader`, the front end for this grader and `r1_grader.py`, grades the rest in worker processes
    (`deadline.DeadlinePool`) that never import torch. math-verify's own signal-based timeouts are off (`None`):
-   they fail outside the main thread.
-"""
+   they fail outside the main thread."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ and 3 can take seconds on hostile input, so they run in `grader.MathGrader`'s wo
 
 Differs from the well-known implementation (docs/differences.md, D18) where its worked cases
 (tests/cases/r1_zero_cases.json) call it wrong: a root's index and a numerator's braces are kept (`_SympyParser`),
-and `\fbox` is a box like `\boxed` (`last_boxed`).
-"""
+and `\fbox` is a box like `\boxed` (`last_boxed`)."""
 
 from __future__ import annotations
 

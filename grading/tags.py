@@ -2,8 +2,7 @@
 
 The content of a section is the first `<tag>(.*?)</tag>` match (DOTALL), stripped; an opening tag without a closing
 one is no section. Sections are found with two `str.find` calls, not the regex, which is quadratic on a megabyte of
-unclosed tags.
-"""
+unclosed tags."""
 
 from __future__ import annotations
 

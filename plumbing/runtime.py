@@ -11,6 +11,8 @@ import contextlib
 import datetime
 import logging
 import os
+import signal
+import sys
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -53,7 +55,11 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
     """
     single_process_defaults()
     timeout = {} if timeout_minutes is None else {"timeout": datetime.timedelta(minutes=timeout_minutes)}
+    # While DeepSpeed starts, SIGTERM (the launcher passing on Ctrl-C, a scheduler's limit) exits through `finally`:
+    # torch's first build of the shm op then removes its lock file, which would make every later run wait silently.
+    default = signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     deepspeed.init_distributed(**timeout)
+    signal.signal(signal.SIGTERM, default)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     unlink_shm_buffer(rank, world_size)
     return rank, world_size
