@@ -29,6 +29,7 @@ lies wholly on the worse side of 0 (below it; above it for mr and org, which cou
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import hashlib
 import importlib.util
@@ -240,8 +241,8 @@ def code_version() -> str:
 
 def code_digest() -> str:
     """A digest of the code that training runs as it stands in the working tree: every .py file git knows or would
-    add, tests/ and bench/ left out, and requirements.txt. A commit that touches only documents, tests or benchmarks
-    keeps it, so the default's seeds are not trained again for those."""
+    add, tests/ and bench/ left out, as `code_text` reads it, and requirements.txt. A commit that touches only
+    documents, tests, benchmarks, comments or docstrings keeps it, so the default's seeds are not trained again."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", "*.py", ":!tests", ":!bench"],
                             cwd=ROOT, capture_output=True, text=True)
     paths = sorted(listed.stdout.split()) if not listed.returncode else sorted(
@@ -249,8 +250,27 @@ def code_digest() -> str:
     digest = hashlib.sha256()
     for path in [*paths, "requirements.txt"]:
         if (ROOT / path).is_file():
-            digest.update(path.encode() + b"\0" + (ROOT / path).read_bytes() + b"\0")
+            digest.update(path.encode() + b"\0" + code_text(ROOT / path) + b"\0")
     return digest.hexdigest()[:16]
+
+
+def code_text(path: Path) -> bytes:
+    """A .py file's syntax tree without its docstrings (comments are not in it), so that wording never moves the
+    key; another file, or one that does not parse, as its bytes."""
+    source = path.read_bytes()
+    try:
+        tree = ast.parse(source) if path.suffix == ".py" else None
+    except SyntaxError:
+        tree = None
+    if tree is None:
+        return source
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
 
 
 def resolved_dtypes(names: list[str]) -> list[str]:

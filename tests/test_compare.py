@@ -215,6 +215,20 @@ def test_the_code_key_follows_the_training_code_and_not_documents_tests_or_bench
     assert first not in keys and len(keys) == 3
 
 
+def test_the_code_key_ignores_comments_and_docstrings_but_not_code(tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "ROOT", tmp_path)  # no git checkout: every .py file outside tests/ and bench/
+    reward = tmp_path / "rewards.py"
+    reward.write_text('"""Rewards."""\n\n\ndef brevity(text):\n    """Short pays."""\n    return len(text) < 9\n')
+    first = compare.code_digest()
+    reward.write_text('"""Rewards, reworded."""\n\n\ndef brevity(text):\n    # the rule, and why\n'
+                      '    """Short pays: a reader skims."""\n\n    return len(text) < 9  # nine\n')
+    assert compare.code_digest() == first
+    reward.write_text('"""Rewards."""\n\n\ndef brevity(text):\n    """Short pays."""\n    return len(text) < 8\n')
+    assert compare.code_digest() != first
+    reward.write_text('"""Rewards."""\n\n\ndef brevity(text):\n    """Short pays."""\n    return "not python" <\n')
+    assert compare.code_digest() != first  # read as its bytes
+
+
 def test_a_config_compared_with_itself_trains_and_scores_each_seed_once(tmp_path, capsys):
     cfg = compare.load_config(ROOT / "config.toml")
     runs = [compare.plan_run(side, cfg, seed, "code", "bfloat16", tmp_path)
