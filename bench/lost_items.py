@@ -1,8 +1,10 @@
-"""Where a policy's short answers go on the NQ-Swap items it loses to the plain base: the cnq500 items whose gold
-the plain base's answer holds and the policy's short answer does not (scoreboard's `contains`), sorted by what the
-policy answered instead. Read it to aim a lever at the span the short-answer format picks, not at the reading.
+"""Where a policy's short answers go on the items it loses to the plain base: the items of one scoreboard file
+(cnq500, NQ-Swap, unless --file names synthetic or heldout) whose gold the plain base's answer holds and the
+policy's short answer does not (scoreboard's `contains`), sorted by what the policy answered instead; --items lists
+each one. Read it to aim a lever at the span the short-answer format picks, not at the reading.
 
     .venv/bin/python bench/lost_items.py --benchmarks DIR --config CONFIG RUN/.../scoreboard.predictions.jsonl ...
+    .venv/bin/python bench/lost_items.py --file heldout --items RUN/.../scoreboard.predictions.jsonl ...
 
 The kind of a lost item is the first of these that holds for the policy's answer span (`lost_kind`):
 - `example`: it names the prompt's worked example where the item does not (scoreboard.copies_example);
@@ -28,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from config import load_config  # noqa: E402
 from evaluation import suites  # noqa: E402
+from grading.tags import answer_span  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("pool_seeds", ROOT / "bench" / "pool_seeds.py")
 pool_seeds = importlib.util.module_from_spec(_spec)
@@ -60,15 +63,29 @@ def lost_kind(output: str, item: suites.Item, names: list[str]) -> str:
     return "passage" if holds(item.problem) else "elsewhere"
 
 
-def tally(target, items: list[suites.Item], policy: list[str], plain: list[str], names: list[str]) -> Counter:
-    """Counts of the lost items of `target` (scoreboard.Target) by kind, with `lost` (all of them) and `won`."""
+def as_item(index: int, item: suites.Item | dict) -> suites.Item:
+    """A synthetic-format row (the synthetic and held-out files) as a suites.Item: its question is what follows the
+    context, its gold the solution's answer span."""
+    if isinstance(item, suites.Item):
+        return item
+    question = item["problem"].rsplit("</context>", 1)[-1].strip()
+    return suites.Item(index, item.get("id"), question, item["problem"], (answer_span(item["solution"]),))
+
+
+def tally(target, items: list, policy: list[str], plain: list[str], names: list[str],
+          lost: list | None = None) -> Counter:
+    """Counts of the lost items of `target` (scoreboard.Target) by kind, with `lost` (all of them) and `won`; each
+    lost item's (index, kind) is appended to `lost` where given."""
     policy_hits = scoreboard.per_item_hits(target, items, policy)["contains"]  # (n,)
     plain_hits = scoreboard.per_item_hits(target, items, plain)["contains"]  # (n,)
     counts = Counter({kind: 0 for kind in ("lost", "won", *KINDS)})
-    for item, output, ours, theirs in zip(items, policy, policy_hits, plain_hits):
+    for index, (item, output, ours, theirs) in enumerate(zip(items, policy, policy_hits, plain_hits)):
         if theirs and not ours:
+            kind = lost_kind(output, as_item(index, item), names)
             counts["lost"] += 1
-            counts[lost_kind(output, item, names)] += 1
+            counts[kind] += 1
+            if lost is not None:
+                lost.append((index, kind))
         elif ours and not theirs:
             counts["won"] += 1
     return counts
@@ -88,23 +105,38 @@ def run_name(predictions: Path, index: int) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("predictions", nargs="+", type=Path, help="scoreboard.predictions.jsonl, one per run")
-    parser.add_argument("--benchmarks", type=Path, required=True, help="the folder the scoreboards read")
+    parser.add_argument("--file", default="cnq500", choices=("cnq500", "synthetic", "heldout"),
+                        help="the scoreboard file whose items to read")
+    parser.add_argument("--benchmarks", type=Path, help="the folder the scoreboards read (for cnq500)")
     parser.add_argument("--config", default=str(ROOT / "config.toml"), help="the policies' config (its example)")
+    parser.add_argument("--items", action="store_true", help="then list each lost item, its gold and the answer")
     args = parser.parse_args(argv)
-    [target] = scoreboard.present([t for t in scoreboard.benchmark_targets(args.benchmarks) if t.name == "cnq500"])
+    if args.file == "cnq500" and args.benchmarks is None:
+        parser.error("cnq500 needs --benchmarks DIR (the folder with cnq-nqswap.dev500.json)")
+    targets = (scoreboard.benchmark_targets(args.benchmarks) if args.file == "cnq500" else
+               [scoreboard.Target(args.file, scoreboard.SYNTHETIC if args.file == "synthetic" else scoreboard.HELDOUT)])
+    [target] = scoreboard.present([t for t in targets if t.name == args.file])
     items, _ = scoreboard.read_items(target)
     names = scoreboard.example_names(load_config(args.config).prompt_style())
     columns = ("lost", *KINDS, "won")
-    print(f"{'run':<24}" + "".join(f"{c:>10}" for c in columns))
+    width = max(24, *(len(run_name(path, i)) + 2 for i, path in enumerate(args.predictions)))
+    print(f"{'run':<{width}}" + "".join(f"{c:>10}" for c in columns))
+    listed = []
     for i, path in enumerate(args.predictions):
         run = pool_seeds.read_predictions(path)
-        if "cnq500" not in run:
-            raise SystemExit(f"error: {path}: no cnq500 outputs (scored without --benchmarks?)")
-        counts = tally(target, items, run["cnq500"]["policy"], run["cnq500"]["plain"], names)
-        print(f"{run_name(path, i):<24}" + "".join(f"{counts[c]:>10}" for c in columns))
-    print(f"(of {len(items)} cnq500 items; lost: the plain base's answer holds the gold and the policy's short "
+        if args.file not in run:
+            raise SystemExit(f"error: {path}: no {args.file} outputs"
+                             + (" (scored without --benchmarks?)" if args.file == "cnq500" else ""))
+        lost = []
+        counts = tally(target, items, run[args.file]["policy"], run[args.file]["plain"], names, lost)
+        print(f"{run_name(path, i):<{width}}" + "".join(f"{counts[c]:>10}" for c in columns))
+        listed += [(run_name(path, i), index, kind, run[args.file]["policy"][index]) for index, kind in lost]
+    print(f"(of {len(items)} {args.file} items; lost: the plain base's answer holds the gold and the policy's short "
           "answer does not, by kind of what the policy answered; won: the reverse)")
-
+    for name, index, kind, output in listed if args.items else []:
+        task = items[index].get("task", "") if isinstance(items[index], dict) else ""
+        print(f"{name}: item {index}{f' ({task})' if task else ''}, {kind}: gold "
+              f"{as_item(index, items[index]).golds[0]!r}, answered {suites.extract(output)['answer']!r}")
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,5 @@
-"""bench/lost_items.py: the NQ-Swap items a policy loses to the plain base, sorted by what it answered instead."""
+"""bench/lost_items.py: the items a policy loses to the plain base (NQ-Swap, or a synthetic-format file), sorted
+by what it answered instead."""
 
 import doctest
 import importlib.util
@@ -63,6 +64,28 @@ def test_main_reads_the_scoreboards_files(tmp_path, capsys):
     lost_items.main(["--benchmarks", str(tmp_path), str(run.parent / "scoreboard.predictions.jsonl")])
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("run seed 7"))
     assert line.split()[3:] == [str(len(items)), "1", "0", "0", "0", str(len(items) - 1), "0"]
+
+
+def test_the_held_out_items_lost_are_listed_with_gold_and_answer(tmp_path, capsys):
+    rows = [json.loads(line) for line in (ROOT / "data" / "heldout" / "faithfulness.jsonl").read_text().splitlines()]
+    golds = [lost_items.answer_span(row["solution"]) for row in rows]
+    answers = {5: "10", 22: "Dmitri Pelt"}  # "ten legs" in the passage; the husband, not his job
+    predictions = tmp_path / "scoreboard.predictions.jsonl"
+    predictions.write_text("".join(json.dumps({"file": "heldout", "index": i, "plain": f"It is {gold}.",
+                                               "policy": f"<answer>{answers.get(i, gold)}</answer>"}) + "\n"
+                                   for i, gold in enumerate(golds)))
+    lost_items.main(["--file", "heldout", "--items", str(predictions)])
+    out = capsys.readouterr().out.splitlines()
+    assert next(line for line in out if line.startswith("run 1")).split()[2:] == ["2", "0", "0", "0", "1", "1", "0"]
+    assert [line for line in out if ": item " in line] == [
+        "run 1: item 5 (counterfactual), elsewhere: gold 'ten', answered '10'",
+        "run 1: item 22 (multi_hop), passage: gold 'lighthouse keeper', answered 'Dmitri Pelt'"]
+
+
+def test_cnq500_without_benchmarks_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        lost_items.main([str(tmp_path / "p.jsonl")])
+    assert "cnq500 needs --benchmarks DIR" in capsys.readouterr().err
 
 
 def test_main_without_the_nq_swap_file_says_so(tmp_path):
