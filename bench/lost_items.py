@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> None:
           "answer does not, by kind of what the policy answered; won: the reverse)")
     for name, index, kind, output in listed if args.items else []:
         task = items[index].get("task", "") if isinstance(items[index], dict) else ""
+        answer = suites.extract(output)["answer"]  # the whole output where it has no <answer>
         print(f"{name}: item {index}{f' ({task})' if task else ''}, {kind}: gold "
-              f"{as_item(index, items[index]).golds[0]!r}, answered {suites.extract(output)['answer']!r}")
+              f"{as_item(index, items[index]).golds[0]!r}, answered {answer[:80] + '…' * (len(answer) > 80)!r}")
 
 if __name__ == "__main__":
     main()
