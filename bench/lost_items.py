@@ -139,5 +139,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: item {index}{f' ({task})' if task else ''}, {kind}: gold "
               f"{as_item(index, items[index]).golds[0]!r}, answered {answer[:80] + '…' * (len(answer) > 80)!r}")
 
+
 if __name__ == "__main__":
     main()
