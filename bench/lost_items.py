@@ -114,23 +114,24 @@ def main(argv: list[str] | None = None) -> None:
     if args.file == "cnq500" and args.benchmarks is None:
         parser.error("cnq500 needs --benchmarks DIR (the folder with cnq-nqswap.dev500.json)")
     targets = (scoreboard.benchmark_targets(args.benchmarks) if args.file == "cnq500" else
-               [scoreboard.Target(args.file, scoreboard.SYNTHETIC if args.file == "synthetic" else scoreboard.HELDOUT)])
+               [scoreboard.Target("synthetic", scoreboard.SYNTHETIC), scoreboard.Target("heldout", scoreboard.HELDOUT)])
     [target] = scoreboard.present([t for t in targets if t.name == args.file])
     items, _ = scoreboard.read_items(target)
     names = scoreboard.example_names(load_config(args.config).prompt_style())
     columns = ("lost", *KINDS, "won")
-    width = max(24, *(len(run_name(path, i)) + 2 for i, path in enumerate(args.predictions)))
+    labels = [run_name(path, i) for i, path in enumerate(args.predictions)]
+    width = max(24, *(len(label) + 2 for label in labels))
     print(f"{'run':<{width}}" + "".join(f"{c:>10}" for c in columns))
     listed = []
-    for i, path in enumerate(args.predictions):
+    for path, label in zip(args.predictions, labels):
         run = pool_seeds.read_predictions(path)
         if args.file not in run:
             raise SystemExit(f"error: {path}: no {args.file} outputs"
                              + (" (scored without --benchmarks?)" if args.file == "cnq500" else ""))
         lost = []
         counts = tally(target, items, run[args.file]["policy"], run[args.file]["plain"], names, lost)
-        print(f"{run_name(path, i):<{width}}" + "".join(f"{counts[c]:>10}" for c in columns))
-        listed += [(run_name(path, i), index, kind, run[args.file]["policy"][index]) for index, kind in lost]
+        print(f"{label:<{width}}" + "".join(f"{counts[c]:>10}" for c in columns))
+        listed += [(label, index, kind, run[args.file]["policy"][index]) for index, kind in lost]
     print(f"(of {len(items)} {args.file} items; lost: the plain base's answer holds the gold and the policy's short "
           "answer does not, by kind of what the policy answered; won: the reverse)")
     for name, index, kind, output in listed if args.items else []:
