@@ -456,6 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or (model.parent if model.name == "policy" else ROOT / "runs" / "scoreboard" / model.name)
     out.mkdir(parents=True, exist_ok=True)
 
+    runtime.exit_on_sigterm()  # the float32 merge (2.4 GB for the default's model) is removed on SIGTERM too
     with tempfile.TemporaryDirectory(dir=out) as work:
         folder, digest, merged_from = policy_folder(model, Path(work))
         policy = Side("policy", folder, digest, cfg.prompt_style(), merged_from)

@@ -99,6 +99,7 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
     merge = source if source and not rank else None
     with tempfile.TemporaryDirectory(dir=Path(model).parent) if merge else contextlib.nullcontext() as work:
         if merge:
+            runtime.exit_on_sigterm()  # the merge (2.4 GB for the default's model) is removed on SIGTERM too
             model = str(Path(work) / "merged")
             print(f"merging {merge[1]} into {merge[0]} in float32 for the evaluation")
             merge_in_float32(*merge, Path(model))

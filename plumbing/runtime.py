@@ -47,6 +47,11 @@ def single_process_defaults() -> None:
         os.environ.setdefault(key, value)
 
 
+def exit_on_sigterm():
+    """SIGTERM (a scheduler's limit, the launcher passing on Ctrl-C) exits through `finally` and `with`, so lock
+    files and temporary folders are removed; Python's default ends at once. Returns the handler it replaces."""
+    return signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+
 def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
     """Join the launcher's process group (a plain `python canoe.py` is a world of one); returns (rank, world).
 
@@ -55,9 +60,8 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
     """
     single_process_defaults()
     timeout = {} if timeout_minutes is None else {"timeout": datetime.timedelta(minutes=timeout_minutes)}
-    # While DeepSpeed starts, SIGTERM (the launcher passing on Ctrl-C, a scheduler's limit) exits through `finally`:
-    # torch's first build of the shm op then removes its lock file, which would make every later run wait silently.
-    default = signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+    # While DeepSpeed starts: torch's first build of the shm op removes its lock, which would make later runs wait.
+    default = exit_on_sigterm()
     deepspeed.init_distributed(**timeout)
     signal.signal(signal.SIGTERM, default)
     rank, world_size = dist.get_rank(), dist.get_world_size()

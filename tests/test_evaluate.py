@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import SMOKE_MODEL, smoke_lora_checkpoint, stop_once_merged
 
 from evaluation import evaluate
 from training import plot
@@ -69,6 +71,20 @@ def test_eval_mode_runs_greedily_on_a_real_model(tmp_path):
                    (tmp_path / "run" / "eval" / "smoke-llama-eval.predictions.jsonl").read_text().splitlines()]
     assert [p["id"] for p in predictions] == ["e0", "e1", "e2", "e3"] and all(p["output"] for p in predictions)
     assert "overall" in result.stdout and "temporal" in result.stdout and "negation" in result.stdout
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
+def test_an_evaluation_stopped_by_sigterm_removes_its_float32_merge(tmp_path):
+    policy, _ = smoke_lora_checkpoint(tmp_path)
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps({"id": "e0", "task": "counterfactual", "problem": "<context>Lyon.</context> Which?",
+                                "solution": "<answer>Lyon</answer>"}) + "\n")
+    config = tmp_path / "config.toml"
+    config.write_text(f'model = "{SMOKE_MODEL}"\noutput_dir = "{tmp_path}/out"\ndtype = "float32"\n')
+    command = [sys.executable, str(ROOT / "canoe.py"), "--config", str(config), "--eval", "--eval-file", str(data),
+               "--model", str(policy)]
+    assert stop_once_merged(command, policy.parent) == 128 + signal.SIGTERM
+    assert not list(policy.parent.glob("tmp*"))  # the merge went with it
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import smoke_lora_checkpoint, stop_once_merged
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "scoreboard.py"
@@ -123,37 +125,11 @@ def test_the_defaults_example_and_the_failure_modes_are_recognised():
                      "Green slate"]
 
 
-def lora_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    """A checkpoint laid out as a LoRA run writes it (policy/ and adapter/), adapting the smoke model with B ≠ 0;
-    its policy/ holds the untouched base, so only the merge can make the adapted model. Returns the policy folder
-    and the float32 W + s·B·A of every adapted weight, computed here by hand."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(SMOKE_MODEL, dtype=torch.float32)
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    torch.manual_seed(0)
-    expected = {}
-    for name, module in peft.named_modules():
-        if hasattr(module, "lora_B") and "default" in module.lora_B:
-            torch.nn.init.normal_(module.lora_B["default"].weight, std=0.05)
-            a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
-            key = name.removeprefix("base_model.model.") + ".weight"
-            expected[key] = (module.base_layer.weight + 2.0 * b @ a).detach().clone()
-    step = tmp_path / "run" / "checkpoints" / "step-000001"
-    peft.save_pretrained(step / "adapter")
-    config = json.loads((step / "adapter" / "adapter_config.json").read_text())
-    config["base_model_name_or_path"] = str(SMOKE_MODEL)
-    (step / "adapter" / "adapter_config.json").write_text(json.dumps(config))
-    shutil.copytree(SMOKE_MODEL, step / "policy")
-    return step / "policy", expected
-
-
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
 def test_a_lora_checkpoint_is_merged_in_float32_exactly(tmp_path):
     from safetensors.torch import load_file
 
-    policy, expected = lora_checkpoint(tmp_path)
+    policy, expected = smoke_lora_checkpoint(tmp_path)
     folder, digest, merged_from = sb.policy_folder(policy, tmp_path / "work")
     assert folder == tmp_path / "work" / "merged" and merged_from["adapter"] == str(policy.parent / "adapter")
     assert digest != sb.model_digest(SMOKE_MODEL)
@@ -216,7 +192,7 @@ def test_the_results_line_leads_with_cnq500():
 
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
 def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
-    policy, _ = lora_checkpoint(tmp_path)
+    policy, _ = smoke_lora_checkpoint(tmp_path)
     benchmarks = tmp_path / "benchmarks"
     benchmarks.mkdir()
     for kind in ("QA", "MR", "MC"):
@@ -267,6 +243,20 @@ def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "merging" not in again.stdout and again.stdout.count("from the cache") == 14  # 7 files × 2 sides
     assert json.loads((policy.parent / "scoreboard.json").read_text())["table"] == report["table"]
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
+def test_a_board_stopped_by_sigterm_removes_its_float32_merge(tmp_path):
+    policy, _ = smoke_lora_checkpoint(tmp_path)
+    synthetic = tmp_path / "eval.jsonl"
+    synthetic.write_text(json.dumps({"id": "e0", "task": "counterfactual", "problem": "<context>Lyon.</context> Which?",
+                                     "solution": "<answer>Lyon</answer>"}) + "\n")
+    config = tmp_path / "config.toml"
+    config.write_text(f'base = "{ROOT / "recipes" / "smoke.toml"}"\nmodel = "{SMOKE_MODEL}"\n')
+    command = [sys.executable, str(SCRIPT), "--model", str(policy), "--config", str(config), "--dtype", "float32",
+               "--synthetic", str(synthetic), "--cache", str(tmp_path / "cache")]
+    assert stop_once_merged(command, policy.parent) == 128 + signal.SIGTERM
+    assert not list(policy.parent.glob("tmp*"))  # the merge went with it
 
 
 def test_the_pooled_difference_widens_with_the_spread_between_seeds():
