@@ -5,10 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -61,15 +58,3 @@ def smoke_lora_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]
     (step / "adapter" / "adapter_config.json").write_text(json.dumps(config))
     shutil.copytree(SMOKE_MODEL, step / "policy")
     return step / "policy", expected
-
-
-def stop_once_merged(command: list[str], folder: Path) -> int:
-    """Runs `command` (an evaluation of a LoRA checkpoint), sends it SIGTERM once its float32 merge appears in
-    `folder` (as tmp*/merged), and returns its exit code."""
-    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while not list(folder.glob("tmp*/merged")) and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert run.poll() is None, "it ended, or ran 300 s, before its merge was seen"
-    run.send_signal(signal.SIGTERM)
-    return run.wait(timeout=300)

@@ -6,11 +6,12 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMOKE_MODEL, smoke_lora_checkpoint, stop_once_merged
+from conftest import SMOKE_MODEL, smoke_lora_checkpoint
 
 from evaluation import evaluate
 from training import plot
@@ -74,17 +75,25 @@ def test_eval_mode_runs_greedily_on_a_real_model(tmp_path):
 
 
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
-def test_an_evaluation_stopped_by_sigterm_removes_its_float32_merge(tmp_path):
+@pytest.mark.parametrize("command", [["canoe.py", "--eval", "--eval-file"], ["bench/scoreboard.py", "--synthetic"]])
+def test_an_evaluation_stopped_by_sigterm_removes_its_float32_merge(tmp_path, command):
+    """SIGTERM once the merge is in the checkpoint's folder: the command exits with 143 and the merge goes too."""
     policy, _ = smoke_lora_checkpoint(tmp_path)
     data = tmp_path / "eval.jsonl"
     data.write_text(json.dumps({"id": "e0", "task": "counterfactual", "problem": "<context>Lyon.</context> Which?",
                                 "solution": "<answer>Lyon</answer>"}) + "\n")
     config = tmp_path / "config.toml"
     config.write_text(f'model = "{SMOKE_MODEL}"\noutput_dir = "{tmp_path}/out"\ndtype = "float32"\n')
-    command = [sys.executable, str(ROOT / "canoe.py"), "--config", str(config), "--eval", "--eval-file", str(data),
-               "--model", str(policy)]
-    assert stop_once_merged(command, policy.parent) == 128 + signal.SIGTERM
-    assert not list(policy.parent.glob("tmp*"))  # the merge went with it
+    command = [sys.executable, str(ROOT / command[0]), *command[1:], str(data), "--config", str(config), "--model",
+               str(policy), *(["--cache", str(tmp_path / "cache")] if "scoreboard" in command[0] else [])]
+    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list(policy.parent.glob("tmp*/merged")) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert run.poll() is None, "it ended, or ran 300 s, before its merge was seen"
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=300) == 128 + signal.SIGTERM
+    assert not list(policy.parent.glob("tmp*"))
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -8,7 +8,6 @@ import importlib.util
 import json
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import smoke_lora_checkpoint, stop_once_merged
+from conftest import smoke_lora_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "scoreboard.py"
@@ -243,20 +242,6 @@ def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "merging" not in again.stdout and again.stdout.count("from the cache") == 14  # 7 files × 2 sides
     assert json.loads((policy.parent / "scoreboard.json").read_text())["table"] == report["table"]
-
-
-@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")
-def test_a_board_stopped_by_sigterm_removes_its_float32_merge(tmp_path):
-    policy, _ = smoke_lora_checkpoint(tmp_path)
-    synthetic = tmp_path / "eval.jsonl"
-    synthetic.write_text(json.dumps({"id": "e0", "task": "counterfactual", "problem": "<context>Lyon.</context> Which?",
-                                     "solution": "<answer>Lyon</answer>"}) + "\n")
-    config = tmp_path / "config.toml"
-    config.write_text(f'base = "{ROOT / "recipes" / "smoke.toml"}"\nmodel = "{SMOKE_MODEL}"\n')
-    command = [sys.executable, str(SCRIPT), "--model", str(policy), "--config", str(config), "--dtype", "float32",
-               "--synthetic", str(synthetic), "--cache", str(tmp_path / "cache")]
-    assert stop_once_merged(command, policy.parent) == 128 + signal.SIGTERM
-    assert not list(policy.parent.glob("tmp*"))  # the merge went with it
 
 
 def test_the_pooled_difference_widens_with_the_spread_between_seeds():
