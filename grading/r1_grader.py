@@ -205,8 +205,7 @@ _LATEX_THEN_EXPRESSION = [LatexExtractionConfig(), ExprExtractionConfig()]  # ma
 
 def r1_latex_equal(gold: str, pred: str) -> bool:
     """Worker job (fast=False): math-verify's own reading of each answer, wrapped in `$...$` unless it has one:
-    LaTeX first, else the last number-like expression (`She sold 72 clips.` reads as 72, `5 dollars` as a product).
-    """
+    LaTeX first, else the last number-like expression (`She sold 72 clips.` reads as 72, `5 dollars` as a product)."""
     # parsing_timeout=None: the worker deadline replaces math-verify's signal-based timeout
     gold_parsed, pred_parsed = (parse(text if "$" in text else f"${text}$", extraction_config=_LATEX_THEN_EXPRESSION,
                                       fallback_mode="no_fallback", parsing_timeout=None)  # type: ignore[arg-type]

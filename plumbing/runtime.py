@@ -52,6 +52,7 @@ def exit_on_sigterm():
     files and temporary folders are removed; Python's default ends at once. Returns the handler it replaces."""
     return signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
 
+
 def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
     """Join the launcher's process group (a plain `python canoe.py` is a world of one); returns (rank, world).
 
