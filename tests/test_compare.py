@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SMOKE_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 
 spec = importlib.util.spec_from_file_location("compare", ROOT / "bench" / "compare.py")
 compare = importlib.util.module_from_spec(spec)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SMOKE_MODEL
 
 import cuda_kernels
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from peft import PeftModel
+from conftest import SMOKE_MODEL
 
 import canoe
 from plumbing import lora
@@ -24,7 +25,6 @@ from variants import AGGREGATIONS
 from test_sleep_order import SleepModeEngine, cuda_kernels, fixed_rewards, make_run, process_group, tiny_model  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 
 
 def adapted(model=None, rank: int = 4, alpha: float = 8.0, seed: int = 1) -> PeftModel:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import SMOKE_MODEL
 
 import rollout
 from plumbing import weight_sync
@@ -170,9 +171,6 @@ def test_generate_stage2_regenerates_only_usable_long_answers():
                                      max_prompt_tokens=5, temperature=0.9, top_p=1.0, max_tokens=8, seed=1, step=0,
                                      rank=0)
     assert result.too_long == 1 and result.completions == [None, None]
-
-
-SMOKE_MODEL = Path(__file__).resolve().parent.parent / "models" / "smoke-llama"
 
 
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")

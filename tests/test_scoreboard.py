@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import smoke_lora_checkpoint
+from conftest import SMOKE_MODEL, smoke_lora_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "scoreboard.py"
-SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 FIXTURES = ROOT / "tests" / "suites"
 
 spec = importlib.util.spec_from_file_location("scoreboard", SCRIPT)

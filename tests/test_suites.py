@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SMOKE_MODEL
 
 import data
 from evaluation import evaluate
@@ -494,9 +495,6 @@ def test_synthetic_counterfactual_rows_as_confiqa_records(tmp_path):
     (tmp_path / "eval-confiqa.json").write_text(json.dumps(records))
     items = suites.read_suite("confiqa", tmp_path / "eval-confiqa.json")
     assert [item.golds for item in items] == [(r["cf_answer"],) for r in records]
-
-
-SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 
 
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="needs `make setup` (models/smoke-llama)")

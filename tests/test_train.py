@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from conftest import SMOKE_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from config import Config  # noqa: E402
