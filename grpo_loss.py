@@ -1,7 +1,9 @@
 """The GRPO objective of CANOE's Dual-GRPO: group-relative advantages, the clipped surrogate with a k3 KL penalty,
-and the log-probabilities of sampled tokens, computed without upcasting the whole logits tensor.
+and the log-probabilities of sampled tokens: `plain_completion_logprobs` computes them one sequence at a time, to
+read first; `completion_logprobs`, which training uses, packs each prompt with its G completions into one row and
+never upcasts the whole logits tensor.
 
-Pure tensor functions (the model's forward in `completion_logprobs` aside). Shapes: B prompts, G samples per
+Pure tensor functions (the model's forward in the two log-probability functions aside). Shapes: B prompts, G samples per
 prompt, N = B·G sequences, T completion positions, V vocabulary. The equations (DeepSeekMath, Shao et al. 2024,
 Sec. 4.1, eq. 3-4), with the constants of the CANOE original (TRL's GRPOTrainer of early 2025):
 
@@ -207,6 +209,27 @@ def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
         "loss/importance_mean": float(totals["importance_sum"]) / tokens,
         "loss/importance_capped_frac": float(totals["importance_capped"]) / tokens,
     }
+
+
+def plain_completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]],
+                              temperature: float = 1.0) -> Tensor:
+    """log π of every completion token, the plain way, to read before the packed path (`completion_logprobs`): each prompt +
+    completion runs through the model alone, π = softmax(logits / `temperature`), gathered at the sampled tokens.
+    Returns `(n, C)`, 0 on padding, as `completion_logprobs` does for the same pairs; the tests hold the two equal
+    in values and gradients. Training uses the packed path: it runs each prompt once for its G completions and
+    never upcasts the `(T, V)` logits whole."""
+    if not all(prompts):
+        raise ValueError("empty prompt: a completion needs a position to be predicted from")
+    device = next(model.parameters()).device
+    C = max(1, max(map(len, completions), default=1))
+    rows = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        ids = torch.tensor([[*prompt, *completion]], device=device)  # (1, P + c)
+        logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1]  # (c, V): t predicts t + 1
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (c, V)
+        picked = logp.gather(-1, ids[0, len(prompt):, None])[:, 0]  # (c,)
+        rows.append(torch.nn.functional.pad(picked, (0, C - len(completion))))  # (C,)
+    return torch.stack(rows)  # (n, C)
 
 
 class _TokenLogprobs(torch.autograd.Function):

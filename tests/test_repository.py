@@ -4,8 +4,10 @@ from the bottom up, without a cycle."""
 from __future__ import annotations
 
 import ast
+import io
 import re
 import subprocess
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,13 +100,16 @@ def test_no_import_cycle():
         assert cycle is None, " -> ".join(cycle)
 
 
-# The line budget (raw lines, as `wc -l` counts them), as tinygrad keeps its own: the references a reader holds this
-# code against do GRPO with vLLM and DeepSpeed in under 2,000 lines. A ratchet: lowered as code leaves, raised only
-# on purpose. The goal outside tests/ and bench/ is 6,000 (docs/DESIGN.md, "Size").
-BUDGET = {"Python outside tests/ and bench/": 6650, "the card's five files": 1800, "canoe.py": 450}
+# The line budget, as tinygrad keeps its own: the references a reader holds this code against do GRPO with vLLM and
+# DeepSpeed in under 2,000 lines. It counts lines of code: a blank line, a comment or a docstring costs nothing, so
+# prose is written for its reader, never for the counter. A ratchet: lowered as code leaves, raised only on purpose.
+BUDGET = {"Python outside tests/ and bench/": 4257, "the card's five files": 1041, "canoe.py": 290}
 CARD_FILES = ("canoe.py", "rollout.py", "rewards.py", "grpo_loss.py", "data.py")
 MAX_FUNCTION_LINES = 60
 MAX_STEP_LINES = 45
+# Tokens that are not code: comments, line ends, indentation and the file's bounds.
+NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
+            tokenize.ENDMARKER}
 
 
 def product_files() -> list[Path]:
@@ -112,15 +117,63 @@ def product_files() -> list[Path]:
             and path.relative_to(ROOT).parts[0] not in {"tests", "bench"}]
 
 
-def lines(path: Path) -> int:
-    return len(path.read_text().splitlines())
+def docstring_rows(tree: ast.Module) -> list[tuple[int, int]]:
+    """The first and last line of every docstring: a string that is the first statement of the module, a class
+    or a function."""
+    rows = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(
+                    first.value.value, str):
+                rows.append((first.lineno, first.end_lineno))
+    return rows
+
+
+def code_lines(source: str) -> int:
+    """The lines that hold a token of code: not blank, not only a comment, not part of a docstring. A string
+    that is not a docstring (a message, a template) is code on every line it spans."""
+    docstrings = docstring_rows(ast.parse(source))
+    rows = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in NOT_CODE or (token.type == tokenize.STRING and any(
+                first <= token.start[0] and token.end[0] <= last for first, last in docstrings)):
+            continue
+        rows.update(range(token.start[0], token.end[0] + 1))
+    return len(rows)
+
+
+def test_code_lines_leave_out_blanks_comments_and_docstrings():
+    source = '''"""A module docstring,
+over two lines."""
+
+# a comment
+X = """not a docstring,
+so code on both of its lines"""  # a comment after code
+
+
+def f(a,
+      b):  # two lines of code
+    """A docstring."""
+    return a + b
+
+
+class C:
+    """One more,
+
+    over three."""
+    y = 1
+'''
+    # Code: X's two lines, `def f(a,` and `b):`, `return a + b`, `class C:`, `y = 1`.
+    assert code_lines(source) == 2 + 2 + 1 + 1 + 1
 
 
 def test_the_line_budget_holds():
-    counted = {"Python outside tests/ and bench/": sum(map(lines, product_files())),
-               "the card's five files": sum(lines(ROOT / name) for name in CARD_FILES),
-               "canoe.py": lines(ROOT / "canoe.py")}
-    over = {name: f"{counted[name]} lines > {limit}" for name, limit in BUDGET.items() if counted[name] > limit}
+    counted = {"Python outside tests/ and bench/": sum(code_lines(path.read_text()) for path in product_files()),
+               "the card's five files": sum(code_lines((ROOT / name).read_text()) for name in CARD_FILES),
+               "canoe.py": code_lines((ROOT / "canoe.py").read_text())}
+    over = {name: f"{counted[name]} lines of code > {limit}" for name, limit in BUDGET.items()
+            if counted[name] > limit}
     assert not over, over
 
 
