@@ -220,9 +220,10 @@ def test_requirements_pin_every_package_the_code_imports():
     assert not missing, f"imported but not pinned in requirements.txt: {missing}"
 
 
-# The README's reading map ("Reading order"): in its table, each function a reader opens to check the step, as
+# The reading map (docs/reading-map.md): in its table, each function a reader opens to check the step, as
 # `module.function` (methods `module.Class.method`, a package's module `package/module`) with its depth below
 # `train_step` in brackets; above it, the counts, which must be the ones computed here from the table.
+READING_MAP = ROOT / "docs" / "reading-map.md"
 MAP_ENTRY = re.compile(r"`([\w/]+(?:\.\w+)+)` \((\d+)\)")
 MAP_COUNTS = re.compile(r"(\d+)\s+functions\s+in\s+(\d+)\s+files,\s+([\d,]+)\s+lines\b.*?"
                         r"at\s+most\s+(\d+)\s+calls\s+below", re.S)
@@ -248,8 +249,8 @@ NOT_MAPPED = {
 
 
 def reading_map() -> tuple[dict[str, int], str]:
-    """The README's reading map as {function: depth}, and the text of its section."""
-    section = (ROOT / "README.md").read_text().split("\n## Reading order\n", 1)[1].split("\n## ", 1)[0]
+    """The reading map as {function: depth}, and the text of its first section (above "Machinery")."""
+    section = READING_MAP.read_text().split("\n## ", 1)[0]
     entries = {}
     for name, depth in MAP_ENTRY.findall("\n".join(line for line in section.splitlines() if line.startswith("|"))):
         assert name not in entries, f"{name} is listed twice"
@@ -319,11 +320,11 @@ def test_the_reading_map_states_the_counts_of_its_table():
     shallow = [name for name, depth in entries.items() if depth < 1]
     assert not shallow, f"depths below `train_step` start at 1: {shallow}"
     counts = MAP_COUNTS.search(section)
-    assert counts, "the Reading order section states no 'N functions in M files, L lines ... at most D calls below'"
+    assert counts, "the reading map states no 'N functions in M files, L lines ... at most D calls below'"
     stated = [int(value.replace(",", "")) for value in counts.groups()]
     computed = [len(entries), len({name.split(".")[0] for name in entries}),
                 sum(node.end_lineno - node.lineno + 1 for node in nodes.values()), max(entries.values())]
-    assert stated == computed, f"the README states {stated}, the table gives {computed}"
+    assert stated == computed, f"the reading map states {stated}, its table gives {computed}"
 
 
 def test_the_reading_map_follows_every_call_it_can_resolve():
@@ -339,7 +340,7 @@ def test_the_reading_map_follows_every_call_it_can_resolve():
                 left_out.append(f"{caller} calls {callee}")
             elif callee in entries and not nested and entries[callee] > depth + 1:
                 too_deep.append(f"{caller} ({depth}) calls {callee} ({entries[callee]})")
-    assert not left_out, "neither in the README's reading map nor machinery:\n" + "\n".join(left_out)
+    assert not left_out, "neither in the reading map nor machinery:\n" + "\n".join(left_out)
     assert not too_deep, "listed deeper than a call below its caller:\n" + "\n".join(too_deep)
     for name in NOT_MAPPED:
         assert name not in entries, f"{name} is both in the map and named as machinery"

@@ -326,10 +326,10 @@ def test_several_updates_per_rollout_make_the_ratio_and_the_importance_weights_a
     assert metrics[-1]["train/lr"] == pytest.approx(1e-3)
 
 
-def readme_example(heading: str = "## Adding a reward") -> str:
-    """The Python blocks of a README section ("Adding a reward", "Adding a loss variant"), one after the other, as
-    a user would copy them."""
-    section = (ROOT / "README.md").read_text().split(heading, 1)[1].split("\n## ", 1)[0]
+def readme_example(heading: str = "## Adding a reward", doc: str = "README.md") -> str:
+    """The Python blocks of a section of a doc (README's "Adding a reward", docs/loss-options.md's "Adding a loss
+    variant"), one after the other, as a user would copy them."""
+    section = (ROOT / doc).read_text().split(heading, 1)[1].split("\n## ", 1)[0]
     return "\n".join(block.split("```", 1)[0] for block in section.split("```python\n")[1:])
 
 
@@ -371,7 +371,7 @@ def fork_run(tmp_path_factory, smoke_data) -> Path:
     with open(fork / "rewards.py", "a") as f:
         f.write("\n\n" + readme_example() + "\n" + MESSAGE_REWARD)
     with open(fork / "variants.py", "a") as f:
-        f.write("\n\n" + readme_example("## Adding a loss variant"))
+        f.write("\n\n" + readme_example("## Adding a loss variant", "docs/loss-options.md"))
     config = write_config(folder, canoe_file, max_steps=3, max_minutes=0.001, model=str(SMOKE_MODEL),
                           rewards=FORK_REWARDS, advantage_rule="rloo",
                           aggregation="seq-mean-token-sum")
