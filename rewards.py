@@ -1,4 +1,5 @@
-"""The four CANOE rewards, the R1-Zero math reward, and `score`, which calls the configured ones on a rollout.
+"""The rewards of `REWARD_FUNCS` (CANOE's four and an optional fifth, `grounding`), `score`, which calls the
+configured ones on a rollout, and the R1-Zero math reward, which is not registered (its docstring says why).
 
 A reward is `fn(completions, <dataset columns it needs>, **kwargs) -> list[float]`: `completions` holds one list of
 chat messages per sample, whose first `content` is the text; adding one is that function and a line in
@@ -276,6 +277,10 @@ def r1_zero_reward_fn(response: str, ground_truth: str | int | float | list[str]
     5. `r1_grader.r1_grade`: normalised strings, exact sympy, and with fast=False math-verify under the
        deadline of `grader` (default: `grader.default_grader()`).
     6. Correct: all 1.0; formatted but wrong: format 1.0, the others 0.0.
+
+    Not in `REWARD_FUNCS`: it grades one response and returns three values, not a batch with the shared signature,
+    and its gate asks for R1-Zero's format, which CANOE's prompt does not produce. docs/DESIGN.md, "The R1-Zero
+    math reward", registers a wrapper and gives the config to train with it.
 
     >>> r1_zero_reward_fn("<think>6*7</think> <answer>\\\\boxed{42}</answer>", 42)
     {'format_reward': 1.0, 'answer_reward': 1.0, 'reward': 1.0}

@@ -27,7 +27,7 @@ def check_paths(cfg: Config, *, train: bool) -> None:
         raise SystemExit(f"error: data file {str(path)!r} does not exist{hint}")
 
 
-# The keyword arguments training.scoring.score passes to every reward besides the dataset fields: a field of the
+# The keyword arguments rewards.score passes to every reward besides the dataset fields: a field of the
 # same name would collide with them.
 REWARD_KEYWORDS = ("completions", "completions_long_answer", "grader", "log_dir")
 
