@@ -10,7 +10,7 @@ the run's own keys changed (same seed, same data, same steps). While it runs, th
 each process's proportional set size (PSS: a page shared by n processes counts 1/n in each, so the forked
 grading workers are not counted twice). Printed per run: the seconds of the first step and the mean of the
 others (from its metrics.jsonl), the peak memory and the mean reward. Nothing else should run meanwhile
-(bench/RESULTS.md says what did).
+(say what did beside the figures).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ Memory: both workers are alive at once, and the alternation is what makes the ti
 16 GiB with SmolLM2-135M (micro-batch 14, no checkpointing) on the 24 GiB development machine, so the two sides
 together can run out of memory there; a smaller micro-batch on both sides is the first way out. With the default's
 model in bfloat16 and LoRA, TRL peaked at 17 GiB even at micro-batch 7 and was killed beside our worker: there the
-sides can only run one after the other (`--only`), their timings then not interleaved (bench/RESULTS.md says which).
+sides can only run one after the other (`--only`), their timings then not interleaved (say which beside the figures).
 """
 
 from __future__ import annotations
