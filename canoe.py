@@ -8,10 +8,11 @@
     python canoe.py --describe-config                    # every config key with its meaning and default
     python canoe.py --config config.toml --plan-memory   # the memory plan per GPU (training/cli.py)
 
-`train_step` is CANOE's step (arXiv 2505.16483) in six numbered steps; the README's "Reading order" lists every
-function below it that computes a quantity of its equations, with its depth; the machinery (timing, metrics, the
-weight push, checkpoints, the command line) lives in training/ and plumbing/, one call each. Each deliberate
-difference from the original CANOE code names its entry of docs/differences.md where it happens.
+`train_step` is CANOE's step (arXiv 2505.16483) in six numbered steps. docs/reading-map.md lists every function
+below it that computes a quantity of its equations, with its depth; the README walks it in twelve stops. The
+machinery (timing, metrics, the weight push, checkpoints, the command line) lives in training/ and plumbing/, one
+call each. Each deliberate difference from the original CANOE code names its entry of docs/differences.md where
+it happens.
 """
 
 from __future__ import annotations

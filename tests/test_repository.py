@@ -186,7 +186,7 @@ def test_no_function_outside_tests_and_bench_is_over_60_lines():
 
 
 def test_the_training_step_reads_on_one_screen():
-    """`train_step` is CANOE's six steps, each a call or two (the README's reading order follows them)."""
+    """`train_step` is CANOE's six steps, each a call or two (the reading map follows them: docs/reading-map.md)."""
     source = (ROOT / "canoe.py").read_text()
     (step,) = [node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name == "train_step"]
     assert step.end_lineno - step.lineno + 1 <= MAX_STEP_LINES
