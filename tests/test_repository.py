@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import io
+import math
 import re
 import subprocess
 import tokenize
@@ -345,3 +346,37 @@ def test_the_reading_map_follows_every_call_it_can_resolve():
     for name in NOT_MAPPED:
         assert name not in entries, f"{name} is both in the map and named as machinery"
         mapped_function(name)  # it exists
+
+
+def scientific(x: float) -> str:
+    """A number as the README writes it: 1e-4, 2.5e-5."""
+    mantissa, exponent = f"{x:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def test_the_readme_states_the_defaults_constants():
+    """The README's equations and walk give the constants config.toml and config.py set, and the warm-up's first
+    rates as training/optimizer.py's schedule gives them."""
+    import torch
+
+    from config import load_config
+    from training.optimizer import lr_schedule
+
+    cfg = load_config(ROOT / "config.toml")
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=cfg.learning_rate)
+    schedule = lr_schedule(cfg, optimizer, cfg.max_steps * cfg.num_iterations)
+    rates = []
+    for _ in range(3):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    warmup = math.ceil(cfg.warmup_ratio * cfg.max_steps)
+    assert cfg.num_iterations == 1 and cfg.advantage_std == "unbiased" and cfg.aggregation == "seq-mean-token-mean"
+    assert rates == [0.0, cfg.learning_rate / warmup, cfg.learning_rate] and cfg.lr_scheduler == "constant"
+    stated = [f"G = {cfg.num_generations}", f"τ = {cfg.temperature}", f"+ {scientific(cfg.advantage_eps)})",
+              f"clip(ρ_{{i,t}}, 1 − {cfg.clip_eps_low}, 1 + {cfg.clip_eps_high})", f"β = {cfg.beta}",
+              f"μ = {cfg.num_iterations}", f"⌈{cfg.warmup_ratio} × {cfg.max_steps}⌉ = {warmup} updates, at 0 and then "
+              f"{scientific(rates[1])}", f"then a constant {scientific(rates[2])}"]
+    missing = [text for text in stated if text not in readme]
+    assert not missing, f"the README does not state: {missing}"
