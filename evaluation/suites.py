@@ -140,7 +140,8 @@ def faitheval_fixed(prediction: str, answer_key: str, labels: Sequence[str], tex
 
     The letter is compared lowercased without punctuation and spaces ("(C)" and "C." are C; SQuAD's normalisation
     would turn "A" into "", so an empty answer would score when the key is A); the texts with SQuAD's
-    normalisation. An empty prediction never scores."""
+    normalisation. An empty prediction never scores.
+    """
     letter = "".join(ch for ch in prediction.lower() if ch not in _PUNCTUATION and not ch.isspace())
     if letter and letter == answer_key.lower():
         return True

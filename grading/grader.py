@@ -241,7 +241,8 @@ class MathGrader:
       timeouts -- pairs that hit the deadline or crashed their worker (identical pairs of a batch count once)
       errors   -- pairs whose grading raised in the worker; the first one is also a RuntimeWarning
       slowest_s -- the longest time any single pair took, timeouts included
-    Either way the pair falls back to exact string match."""
+    Either way the pair falls back to exact string match.
+    """
 
     def __init__(self, workers: int = 2, deadline_s: float = 1.0, r1: bool = False):
         self.r1 = r1  # the workers also import and warm r1_grader, for `r1_equivalent`

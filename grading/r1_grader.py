@@ -205,7 +205,8 @@ _LATEX_THEN_EXPRESSION = [LatexExtractionConfig(), ExprExtractionConfig()]  # ma
 
 def r1_latex_equal(gold: str, pred: str) -> bool:
     """Worker job (fast=False): math-verify's own reading of each answer, wrapped in `$...$` unless it has one:
-    LaTeX first, else the last number-like expression (`She sold 72 clips.` reads as 72, `5 dollars` as a product)."""
+    LaTeX first, else the last number-like expression (`She sold 72 clips.` reads as 72, `5 dollars` as a product).
+    """
     # parsing_timeout=None: the worker deadline replaces math-verify's signal-based timeout
     gold_parsed, pred_parsed = (parse(text if "$" in text else f"${text}$", extraction_config=_LATEX_THEN_EXPRESSION,
                                       fallback_mode="no_fallback", parsing_timeout=None)  # type: ignore[arg-type]
@@ -242,7 +243,8 @@ def r1_worker_equal(gold: str, pred: str, fast: bool) -> bool:
 def r1_grade(model_answer: str, ground_truth: str, fast: bool = True, grader: MathGrader | None = None) -> bool:
     """The grade of `r1_zero_reward_fn` (its step 5): the normalised strings match, or sympy shows them equal, or
     (fast=False) math-verify does. Sympy and math-verify run in `grader`'s workers (default: `default_grader()`);
-    a timeout counts as not equal. Answers over MAX_R1_CHARS are compared as stripped strings."""
+    a timeout counts as not equal. Answers over MAX_R1_CHARS are compared as stripped strings.
+    """
     if "\\boxed" in ground_truth or "\\fbox" in ground_truth:
         ground_truth = last_boxed(ground_truth) or ground_truth
     if len(model_answer) > MAX_R1_CHARS or len(ground_truth) > MAX_R1_CHARS:

@@ -76,7 +76,8 @@ class MergedPush:
     """A LoRA policy pushed as merged weights W + s·B·A (only the modules `changed_modules` names, unless a level-2
     sleep lost every weight), and how much of the update arrives: outside float32 the merged weight is rounded to
     W's dtype, losing every entry of Δ = s·B·A below half a step of W. `measure` follows a fixed sample of SAMPLE
-    entries of every adapted weight for the `sync/lora_delta_*` metrics (docs/outputs.md)."""
+    entries of every adapted weight for the `sync/lora_delta_*` metrics (docs/outputs.md).
+    """
 
     SAMPLE = 512
 
@@ -203,7 +204,8 @@ class AdapterPush:
     """The adapter itself pushed into vLLM's LoRA support, so that no update is lost to rounding in W + s·B·A.
 
     Each push loads the adapter in PEFT's format under a new id (vLLM reads an id once; it keeps one adapter, so
-    the new one evicts the old). Every request names it (`request`)."""
+    the new one evicts the old). Every request names it (`request`).
+    """
 
     def __init__(self, folder):
         self.folder = Path(folder)
