@@ -2,7 +2,7 @@
 
 A reward is `fn(completions, <dataset columns it needs>, **kwargs) -> list[float]`: `completions` holds one list of
 chat messages per sample, whose first `content` is the text; adding one is that function and a line in
-`REWARD_FUNCS`. The rules are the original CANOE code's (`open_r1/grpo.py`), stated in full in docs/DESIGN.md:
+`REWARD_FUNCS`, in a file of its own under ideas/ that a config names (docs/reward-ideas.md). The rules are the original CANOE code's (`open_r1/grpo.py`), stated in full in docs/DESIGN.md:
 
 | name        | 1.0 when                                                                                         |
 |-------------|--------------------------------------------------------------------------------------------------|

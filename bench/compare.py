@@ -12,9 +12,11 @@ Written to runs/compare/NAME/ and printed: compare.md (the table, the example's 
 the command, the verdict), compare.json and rewards.png (both configs' per-step rewards).
 
 Nothing is done twice. A run's folder, under runs/compare/runs/, is named by a hash of its resolved config (its seed
-in, its output folder out), of the code training runs (the .py files outside tests/ and bench/ and requirements.txt,
-as they stand, committed or not) and of the dtype it resolves to here. A finished run (its marker, final checkpoint
-and metrics.jsonl) serves every compare that needs it, so the default's seeds are trained once; an interrupted one
+in, its output folder out), of the code training runs (the .py files outside tests/, bench/ and ideas/ and
+requirements.txt, as they stand, committed or not, and the config's own `reward_files`) and of the dtype it resolves
+to here. A reward idea kept in a file of its own under ideas/ is in its candidate's key only, so the default's key
+stays as it was. A finished run (its marker, final checkpoint and metrics.jsonl) serves every compare that needs it,
+so the default's seeds are trained once; an interrupted one
 resumes from its last checkpoint (canoe.py --resume), or starts again when it saved none; a run already scored on
 the same files is not scored again, and the scoreboard's cache holds the plain base's outputs. Before any training
 both configs are loaded as the trainer loads them (a config error, a reward not in REWARD_FUNCS: the trainer's
@@ -61,7 +63,8 @@ from training.plot import read_metrics  # noqa: E402
 RUNS = ROOT / "runs" / "compare"  # the runs under RUNS/runs, each compare's report under RUNS/NAME
 DEFAULT = ROOT / "config.toml"
 SEEDS = (42, 7, 1234)
-SKIPPED = {"tests", "bench", ".venv", ".git", "runs", "models", "data"}  # no code that training runs
+# No code that every run trains with; ideas/ holds reward files, which only the configs naming them load.
+SKIPPED = {"tests", "bench", "ideas", ".venv", ".git", "runs", "models", "data"}
 TRAINED = "compare-trained.json"  # in a run's folder once canoe.py ended well: its final checkpoint, its seconds
 SCORED = "compare-scored.json"  # beside scoreboard.predictions.jsonl: the files' digests, the seconds
 LOWER_IS_BETTER = {"mr", "org"}  # ConFiQA's memorisation ratio and cnq500's original answer count memory winning
@@ -240,11 +243,12 @@ def code_version() -> str:
 
 
 def code_digest() -> str:
-    """A digest of the code that training runs as it stands in the working tree: every .py file git knows or would
-    add, tests/ and bench/ left out, as `code_text` reads it, and requirements.txt. A commit that touches only
-    documents, tests, benchmarks, comments or docstrings keeps it, so the default's seeds are not trained again."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", "*.py", ":!tests", ":!bench"],
-                            cwd=ROOT, capture_output=True, text=True)
+    """A digest of the code that every training run runs as it stands in the working tree: every .py file git knows
+    or would add, tests/, bench/ and ideas/ left out, as `code_text` reads it, and requirements.txt. A commit that
+    touches only documents, tests, benchmarks, reward ideas, comments or docstrings keeps it, so the default's seeds
+    are not trained again (a run's own reward files are in its key: `plan_run`)."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", "*.py", ":!tests", ":!bench",
+                             ":!ideas"], cwd=ROOT, capture_output=True, text=True)
     paths = sorted(listed.stdout.split()) if not listed.returncode else sorted(
         str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0] not in SKIPPED)
     digest = hashlib.sha256()
@@ -284,9 +288,12 @@ def resolved_dtypes(names: list[str]) -> list[str]:
 
 
 def plan_run(side: str, cfg: Config, seed: int, code: str, dtype: str, runs: Path) -> Run:
-    """The run of `cfg` with `seed`, in the folder its hash names: the same config, code and dtype, the same run."""
+    """The run of `cfg` with `seed`, in the folder its hash names: the same config, code (`code_digest` and the
+    config's reward files, each as `code_text` reads it) and dtype, the same run."""
     settings = dataclasses.asdict(dataclasses.replace(cfg, seed=seed, output_dir=""))
-    key = json.dumps({"config": settings, "code": code, "dtype": dtype}, sort_keys=True)
+    own = [hashlib.sha256(code_text(ROOT / name)).hexdigest()[:16] for name in cfg.reward_files]
+    key = json.dumps({"config": settings, "code": code, **({"reward_files": own} if own else {}), "dtype": dtype},
+                     sort_keys=True)
     folder = runs / f"s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     return Run(side, seed, dataclasses.replace(cfg, seed=seed, output_dir=str(folder)))
 

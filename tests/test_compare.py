@@ -12,11 +12,14 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import SMOKE_MODEL
+
+import config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -261,22 +264,84 @@ def test_a_run_is_done_only_once_its_marker_names_its_last_checkpoint(tmp_path):
     assert compare.state(run) == "resume"
 
 
-def test_the_readmes_compare_config_is_the_default_with_brevity_added(tmp_path, monkeypatch):
-    """README, "Testing a reward idea": its recipes/brevity.toml, with the README's brevity reward registered (as
-    "Adding a reward" has the user do), loads as config.toml with the five rewards."""
-    section = (ROOT / "README.md").read_text().split("## Testing a reward idea", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
-    assert block.startswith("# recipes/brevity.toml\n")
-    (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "brevity.toml").write_text(block)
-    (tmp_path / "config.toml").write_text((ROOT / "config.toml").read_text())
-    import rewards
+def docs_blocks(kind: str) -> list[str]:
+    """The `kind` code blocks of docs/reward-ideas.md's "Adding a reward", in order, as a user copies them."""
+    section = (ROOT / "docs" / "reward-ideas.md").read_text().split("## Adding a reward", 1)[1].split("\n## ", 1)[0]
+    return [block.split("```", 1)[0] for block in section.split(f"```{kind}\n")[1:]]
 
-    monkeypatch.setitem(rewards.REWARD_FUNCS, "brevity", lambda completions, **kwargs: [0.0] * len(completions))
-    cfg = compare.load_config(tmp_path / "recipes" / "brevity.toml")
+
+def test_the_docs_compare_config_is_the_default_with_brevity_added(isolated_registry):
+    """docs/reward-ideas.md: its recipes/brevity.toml is the one shipped, and it loads as config.toml with the five
+    rewards and the idea's file; its "Testing a reward idea" runs the compare on it."""
+    (block,) = docs_blocks("toml")
+    assert block.startswith("# recipes/brevity.toml\n")
+    shipped = (ROOT / "recipes" / "brevity.toml").read_text()
+    assert tomllib.loads(block) == tomllib.loads(shipped)
+    cfg = compare.load_config(ROOT / "recipes" / "brevity.toml")
     default = compare.load_config(ROOT / "config.toml")
-    assert cfg == dataclasses.replace(default, rewards={**default.rewards, "brevity": 0.5})
-    assert "make compare CONFIG=recipes/brevity.toml" in section
+    assert cfg == dataclasses.replace(default, rewards={**default.rewards, "brevity": 0.5},
+                                      reward_files=["ideas/brevity.py"])
+    testing = (ROOT / "docs" / "reward-ideas.md").read_text().split("## Testing a reward idea", 1)[1]
+    assert "make compare CONFIG=recipes/brevity.toml" in testing
+
+
+def test_an_idea_in_its_own_file_leaves_the_defaults_runs_and_a_change_to_canoes_rewards_does_not(
+        tmp_path, monkeypatch, capsys, isolated_registry):
+    """In a git repository of the code, the docs' brevity idea added as they say (its file under ideas/, its config)
+    leaves the default's run key as it was, so a dry run lists the default's seed as done and only the candidate to
+    train; an edit to the idea's file trains the candidate again, never the default; an edit to one of CANOE's
+    rewards (code the default runs) gives the default a new key."""
+    fork = tmp_path / "fork"
+    for name in subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split():
+        if (name.endswith(".py") and not name.startswith(("tests/", "ideas/"))) or name in (
+                "config.toml", "requirements.txt", ".gitignore"):
+            (fork / name).parent.mkdir(parents=True, exist_ok=True)
+            (fork / name).write_bytes((ROOT / name).read_bytes())
+    (fork / "models" / "Qwen2.5-Coder-0.5B-Instruct").mkdir(parents=True)  # a dry run loads no model
+    (fork / "data" / "synth").mkdir(parents=True)
+    (fork / "data" / "synth" / "train.jsonl").write_text("")
+    subprocess.run(["git", "init", "-q"], cwd=fork, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=fork, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "code"], cwd=fork, check=True)
+    monkeypatch.setattr(compare, "ROOT", fork)
+    monkeypatch.setattr(compare, "DEFAULT", fork / "config.toml")
+    monkeypatch.setattr(config, "REPOSITORY", fork)  # where reward_files are read from: the fork's root
+    common = ["--seeds", "42", "--synthetic", str(HELDOUT), "--heldout", str(HELDOUT), "--runs", str(tmp_path / "runs"),
+              "--dry-run"]
+
+    def plan(config: str) -> dict[str, str]:
+        """The dry run's line per task ("training default seed 42" → "to do, from the start (FOLDER)")."""
+        compare.main(["--config", str(fork / config), *common])
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+        return dict(line.split("] ", 1)[1].split(": ", 1) for line in lines)
+
+    first = plan("config.toml")["training default seed 42"]
+    assert first.startswith("to do, from the start (")
+    folder = Path(first.split("(", 1)[1].rstrip(")"))  # trained: its checkpoint, metrics and marker
+    (folder / "checkpoints" / "step-000024").mkdir(parents=True)
+    (folder / "checkpoints" / "step-000024" / "trainer_state.json").write_text("{}")
+    (folder / "checkpoints" / "latest").write_text("step-000024")
+    (folder / "metrics.jsonl").write_text(json.dumps({"time/step": 40.0}) + "\n")
+    (folder / compare.TRAINED).write_text(json.dumps({"checkpoint": "step-000024", "seconds": 60.0}))
+
+    (fork / "ideas").mkdir()
+    (fork / "ideas" / "brevity.py").write_text(docs_blocks("python")[0])
+    (fork / "recipes").mkdir()
+    (fork / "recipes" / "brevity.toml").write_text(docs_blocks("toml")[0])
+    tasks = plan("recipes/brevity.toml")
+    assert tasks["training default seed 42"] == f"done before, reused ({folder})"
+    assert tasks["training candidate seed 42"].startswith("to do, from the start (")
+    idea = (fork / "ideas" / "brevity.py").read_text()
+    (fork / "ideas" / "brevity.py").write_text(idea.replace("<= 5", "<= 3"))
+    edited = plan("recipes/brevity.toml")
+    assert edited["training default seed 42"] == f"done before, reused ({folder})"
+    assert edited["training candidate seed 42"] not in (tasks["training candidate seed 42"], first)
+
+    canoe_rewards = (fork / "rewards.py").read_text()
+    assert canoe_rewards.count("0.2 * len(context)") == 1
+    (fork / "rewards.py").write_text(canoe_rewards.replace("0.2 * len(context)", "0.25 * len(context)"))
+    changed = plan("recipes/brevity.toml")["training default seed 42"]
+    assert changed.startswith("to do, from the start (") and str(folder) not in changed
 
 
 # ------------------------------------------------------------------------------------------------ end to end
