@@ -47,9 +47,19 @@ eval: setup data
 	$(PY) canoe.py --config config.toml --eval $(EVAL_ARGS)
 	$(PY) canoe.py --config config.toml --eval $(EVAL_ARGS) --model runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
 
+# The decision set's benchmark files from the public releases you downloaded (docs/evaluation.md, "The decision set
+# from public sources"), each output's sha256 checked: then BENCHMARKS=runs/benchmarks.
+OUT ?= runs/benchmarks
+FOLLOWRAG ?=
+CONFIQA ?=
+NQSWAP ?=
+benchmarks: setup
+	$(PY) scripts/prepare_benchmarks.py --out $(OUT) $(if $(FOLLOWRAG),--followrag $(FOLLOWRAG)) \
+	  $(if $(CONFIQA),--confiqa $(CONFIQA)) $(if $(NQSWAP),--nqswap $(NQSWAP))
+
 # A policy against its base prompted plainly (recipes/plain-prompt.toml), with 95 % intervals (bench/scoreboard.py):
 # the default run's latest policy unless MODEL=DIR; BENCHMARKS=DIR adds ConFiQA-{QA,MR,MC}.dev25.json,
-# followrag-nq.json and cnq-nqswap.dev500.json from your own copies of the paper's benchmarks and of NQ-Swap.
+# followrag-nq.json and cnq-nqswap.dev500.json (`make benchmarks` builds them from the public releases).
 MODEL ?= runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
 BENCHMARKS ?=
 scoreboard: setup data
