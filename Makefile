@@ -82,6 +82,13 @@ compare: setup data
 	@test -n "$(CONFIG)" || { echo 'usage: make compare CONFIG=recipes/my-idea.toml [SEEDS="42 7 1234"] [BASELINE=config.toml] [BENCHMARKS=DIR]'; exit 2; }
 	$(PY) bench/compare.py --config $(CONFIG) --seeds $(SEEDS) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
+# The screen of a reward idea: CONFIG against BASELINE on SEED alone, scored on cnq500 alone with BENCHMARKS (else the
+# 340 synthetic and held-out items), the baseline's run reused where trained before; its verdict says it is a screen.
+SEED ?= 42
+screen: setup data
+	@test -n "$(CONFIG)" || { echo 'usage: make screen CONFIG=recipes/my-idea.toml [SEED=42] [BENCHMARKS=DIR]'; exit 2; }
+	$(PY) bench/compare.py --screen --config $(CONFIG) --seeds $(SEED) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
+
 test: setup
 	$(PY) -m pytest tests -q
 

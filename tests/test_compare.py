@@ -130,9 +130,13 @@ def test_the_markdown_table_has_a_row_per_file_and_metric_and_three_columns_per_
     head, rule, *rows = compare.markdown_table(table, [42, 7], NAMES)
     assert head.split(" | ")[2:5] == ["candidate − plain, seed 42", "candidate − plain, seed 7",
                                       "candidate − plain, pooled"]
-    assert head.count("|") - 1 == rule.count("|") - 1 == 2 + 3 * 3
+    assert head.count("|") - 1 == rule.count("|") - 1 == 2 + 3 * 3 + 1
     assert [r.split(" | ")[0] for r in rows] == ["| synthetic (100): em", "| synthetic (100): contains"]
     assert rows[1].split(" | ")[1] == "0.500" and rows[1].split(" | ")[8].startswith("+0.200 [")
+    # the last column: the half-width of the pooled candidate − default interval, what the run can detect
+    assert head.endswith(" | ± of candidate − default, pooled |")
+    _, lo, hi = table["synthetic"]["contains"]["candidate - baseline"]["pooled"]
+    assert rows[1].split(" | ")[-1] == f"{(hi - lo) / 2:.3f} |" and hi - lo > 0.01
 
 
 # ---------------------------------------------------------------------------------------- before any training
@@ -170,6 +174,32 @@ def test_a_missing_benchmark_file_or_an_unknown_primary_metric_stops_it(tmp_path
     with pytest.raises(SystemExit, match=r"error: nowhere\.jsonl: data file not found"):
         compare.main(small_config(tmp_path, train_file=Path("nowhere.jsonl")))
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
+def test_a_screen_is_one_seed_on_cnq500_alone(tmp_path, capsys):
+    args = small_config(tmp_path)
+    with pytest.raises(SystemExit, match=r"error: --screen --seeds \[42, 7\]: a screen is one seed"):
+        compare.main([*args, "--screen", "--seeds", "42", "7"])
+    benchmarks = tmp_path / "benchmarks"  # NQ-Swap's file alone: a screen needs no other
+    benchmarks.mkdir()
+    (benchmarks / "cnq-nqswap.dev500.json").write_text("[]")
+    compare.main([*args, "--screen", "--benchmarks", str(benchmarks), "--dry-run"])
+    tasks = [line.split(": ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert tasks == ["[1/2] training idea seed 42", "[2/2] scoring idea seed 42"]  # the config against itself
+    with pytest.raises(SystemExit, match=r"error: confiqa-qa: .*ConFiQA-QA\.dev25\.json not found"):
+        compare.main([*args, "--benchmarks", str(benchmarks), "--dry-run"])  # the compare needs all five
+
+
+def test_a_run_scored_on_more_files_is_scored_for_fewer(tmp_path):
+    run = compare.plan_run("default", compare.load_config(ROOT / "config.toml"), 7, "abc", "float32", tmp_path)
+    (run.folder / "checkpoints" / "step-000001").mkdir(parents=True)
+    (run.folder / "checkpoints" / "latest").write_text("step-000001")
+    (run.folder / "checkpoints" / "step-000001" / "trainer_state.json").write_text("{}")
+    marker = run.folder / "checkpoints" / "step-000001" / compare.SCORED
+    marker.write_text(json.dumps({"files": {"synthetic": "a", "cnq500": "b"}, "seconds": 1.0}))
+    assert compare.scored(run, {"cnq500": "b"}) and compare.scored(run, {"synthetic": "a", "cnq500": "b"})
+    assert not compare.scored(run, {"cnq500": "c"}) and not compare.scored(run, {"cnq500": "b", "nq300": "d"})
 
 
 def test_a_runs_folder_follows_its_config_seed_code_and_dtype_and_nothing_else(tmp_path):
@@ -426,6 +456,24 @@ def test_a_second_invocation_trains_and_scores_nothing(compared):
     assert not any(" … " in line for line in lines) and "training models/" not in again.stdout
     assert json.loads((compared["folder"] / "report" / "compare.json").read_text())["verdict"] == lines[-1]
     assert lines[-1] == first.stdout.splitlines()[-1]
+
+
+@needs_smoke
+def test_a_screen_of_the_same_configs_reuses_seed_42_and_says_it_is_a_screen(compared):
+    folder, command = compared["folder"], compared["command"]
+    seeds = command.index("--seeds")
+    screen = [*command[:seeds], "--seeds", "42", *command[seeds + 3:], "--screen", "--out", str(folder / "screen")]
+    result = subprocess.run(screen, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert sum(": done before, reused (" in line for line in lines) == 4  # both configs' seed 42, trained and scored
+    markdown = (folder / "screen" / "compare.md").read_text()
+    assert markdown.startswith("# A screen: idea.toml (candidate) against baseline.toml (baseline), seeds 42\n")
+    assert re.fullmatch(r"screen verdict \(candidate − baseline\): .*\. A screen: seed 42 on synthetic, heldout "
+                        r"only; the three-seed compare decides", lines[-1]), lines[-1]
+    head = next(line for line in markdown.splitlines() if line.startswith("| file (items)"))
+    assert "seed 7" not in head and head.endswith(" | ± of candidate − baseline, pooled |")
+    assert json.loads((folder / "screen" / "compare.json").read_text())["screen"] is True
 
 
 @needs_smoke
