@@ -75,7 +75,7 @@ TRAINED = "compare-trained.json"  # in a run's folder once canoe.py ended well: 
 SCORED = "compare-scored.json"  # beside scoreboard.predictions.jsonl: the files' digests, the seconds
 LOWER_IS_BETTER = {"mr", "org"}  # ConFiQA's memorisation ratio and cnq500's original answer count memory winning
 COLUMNS = ("candidate - plain", "baseline - plain", "candidate - baseline")
-SCREEN = ["cnq500"]  # a screen's decision set with --benchmarks: 500 items, under half of a training's cost to score
+SCREEN = ["cnq500"]  # a screen's decision set with --benchmarks: 500 of the compare's 1,215 items
 
 
 # ------------------------------------------------------------------------------------------------ the verdict
@@ -181,13 +181,15 @@ def markdown_table(table: dict, seeds: list[int], names: tuple[str, str]) -> lis
     return lines
 
 
-def copies_table(groups: dict[str, list[dict]], seeds: list[int]) -> list[str]:
-    """The policies' answers that copy the prompt's example (scoreboard.copies_example), over every file, from each
-    run's scoreboard.json."""
+def copies_table(groups: dict[str, list[dict]], seeds: list[int], files: list[str]) -> list[str]:
+    """The policies' answers that copy the prompt's example (scoreboard.copies_example) over the decision set's
+    `files`, from each run's scoreboard.json (which may hold more files: a run scored for a compare, reused by a
+    screen)."""
     lines = ["| example copied, all files | " + " | ".join(f"seed {s}" for s in seeds) + " | all seeds |",
              "|" + "---|" * (len(seeds) + 2)]
     for name, reports in groups.items():
-        counts = [(sum(r["example_copied"].values()), r["items"]) for r in reports]
+        counts = [(sum(r["example_copied"][f] for f in files), sum(r["files"][f]["n"] for f in files))
+                  for r in reports]
         cells = [f"{c} of {n}" for c, n in counts] + [f"{sum(c for c, _ in counts)} of {sum(n for _, n in counts)}"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
@@ -538,7 +540,7 @@ def report(args: argparse.Namespace, argv: list[str], runs: dict[str, list[Run]]
              f"Reproduce from the repository's root: `{command}`", "",
              "Paired differences with their 95 % bootstrap intervals (per seed: over items; pooled: seeds and items "
              "resampled together). Synthetic and held-out rows in fractions, the benchmarks in percent.", "",
-             *markdown_table(table, seeds, names), "", *copies_table(boards, seeds), "",
+             *markdown_table(table, seeds, names), "", *copies_table(boards, seeds, [t.name for t in targets]), "",
              "![per-step rewards of both configs](rewards.png)", "",
              *(f"- {r.side} seed {r.seed}: `{r.folder}`" for side in runs.values() for r in side), "", line]
     markdown = "\n".join(lines) + "\n"
