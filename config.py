@@ -3,7 +3,8 @@
     python canoe.py --describe-config     # every key, its default and what it means
 
 Unknown keys, wrong types and values out of range are errors that name the key (and suggest the closest known
-one). Rewards and their weights are one table (`[rewards]`, a `name = weight` line each). A recipe names the
+one). Rewards and their weights are one table (`[rewards]`, a `name = weight` line each); a reward idea in a file of
+its own is loaded only for the configs that name the file in `reward_files` (`known_rewards`). A recipe names the
 config it varies with `base` (a path relative to the recipe) and writes only the keys it changes; a table such as
 `[rewards]`, if given, replaces the base's whole:
 
