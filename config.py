@@ -3,7 +3,8 @@
     python canoe.py --describe-config     # every key, its default and what it means
 
 Unknown keys, wrong types and values out of range are errors that name the key (and suggest the closest known
-one). Rewards and their weights are one table (`[rewards]`, a `name = weight` line each). A recipe names the
+one). Rewards and their weights are one table (`[rewards]`, a `name = weight` line each); a reward idea in a file of
+its own is loaded only for the configs that name the file in `reward_files` (`known_rewards`). A recipe names the
 config it varies with `base` (a path relative to the recipe) and writes only the keys it changes; a table such as
 `[rewards]`, if given, replaces the base's whole:
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import importlib.util
 import json
 import tomllib
 from dataclasses import dataclass, field
@@ -78,6 +81,8 @@ class Config:
     sync_tolerance: float = _key(0.0, "push probe's bound on the trimmed max |logprob gap| (nats); 0: by the dtype")
     # --- rewards
     rewards: dict = _key(CANOE_REWARDS, "[rewards] table: name in rewards.REWARD_FUNCS = weight of a weighted sum")
+    reward_files: list = _key([], "files whose rewards this run may name (from the repository root), e.g. "
+                              "[\"ideas/brevity.py\"]: each registers its own in rewards.REWARD_FUNCS")
     reward_workers: int = _key(2, "processes grading math answers in parallel")
     reward_deadline_s: float = _key(1.0, "hard per-sample deadline of symbolic grading (then string match)")
     # --- optimisation
@@ -265,10 +270,11 @@ def _validate(path: Path, cfg: Config) -> None:
     if cfg.examples and (cfg.example_problem or not all(isinstance(pair, list) and len(pair) == 2 and all(
             isinstance(text, str) and text for text in pair) for pair in cfg.examples)):
         raise bad("examples", "a list of [problem, response] pairs of text, set instead of example_problem")
-    unknown = [name for name in cfg.rewards if name not in REWARD_FUNCS]
+    known = known_rewards(path, cfg.reward_files)
+    unknown = [name for name in cfg.rewards if name not in known]
     if unknown or not cfg.rewards:
-        raise bad("rewards", f"unknown {unknown}; known: {sorted(REWARD_FUNCS)} (a new reward is registered in "
-                  "rewards.py)")
+        raise bad("rewards", f"unknown {unknown}; known: {sorted(known)} (a new reward is registered in a file the "
+                  "config names in reward_files, or in rewards.py)")
     not_numbers = [name for name, w in cfg.rewards.items() if isinstance(w, bool) or not isinstance(w, (int, float))]
     if not_numbers:
         raise bad("rewards", f"the weight of {not_numbers} must be a number")
@@ -279,6 +285,37 @@ def _validate(path: Path, cfg: Config) -> None:
         raise bad("lora_target_modules", "must be a non-empty list of module names, e.g. [\"q_proj\", \"v_proj\"]")
     if len(cfg.adam_betas) != 2:
         raise bad("adam_betas", "need two numbers")
+
+
+REPOSITORY = Path(__file__).resolve().parent  # reward_files are read from here, wherever the run starts
+# Each reward file loaded in this process (its resolved path) -> the reward names it registered.
+_FILE_REWARDS: dict[Path, tuple[str, ...]] = {}
+
+
+def known_rewards(path: Path, reward_files: list) -> set[str]:
+    """The rewards a config may name: rewards.py's and those its own `reward_files` register, each file imported
+    once, as a module of its own. A reward that another config's file registered in this process is not known here,
+    so that a config is accepted only where the trainer, loading it alone, accepts it."""
+    for name in reward_files:
+        file = (REPOSITORY / name).resolve() if isinstance(name, str) else None
+        if file in _FILE_REWARDS:
+            continue
+        if file is None or not file.is_file():
+            raise ConfigError(f"{path}: reward_files: {name!r}: no such file (paths are from the repository root)")
+        before = dict(REWARD_FUNCS)
+        module = f"reward_file_{hashlib.sha256(str(file).encode()).hexdigest()[:8]}"
+        spec = importlib.util.spec_from_file_location(module, file)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        added = tuple(k for k, fn in REWARD_FUNCS.items() if before.get(k) is not fn)
+        replaced = [k for k in added if k in before]
+        if replaced or not added:
+            REWARD_FUNCS.update(before)
+            why = f"replaces the registered {replaced}: give it a name of its own" if replaced else \
+                'registers no reward (REWARD_FUNCS["name"] = function)'
+            raise ConfigError(f"{path}: reward_files: {name}: {why}")
+        _FILE_REWARDS[file] = added
+    own = {k for name in reward_files for k in _FILE_REWARDS[(REPOSITORY / name).resolve()]}
+    return set(REWARD_FUNCS) - {k for names in _FILE_REWARDS.values() for k in names} | own
 
 
 def describe_config() -> str:

@@ -3,7 +3,7 @@ configured ones on a rollout, and the R1-Zero math reward, which is not register
 
 A reward is `fn(completions, <dataset columns it needs>, **kwargs) -> list[float]`: `completions` holds one list of
 chat messages per sample, whose first `content` is the text; adding one is that function and a line in
-`REWARD_FUNCS`. The rules are the original CANOE code's (`open_r1/grpo.py`), stated in full in docs/DESIGN.md:
+`REWARD_FUNCS`, in a file of its own under ideas/ that a config names (docs/reward-ideas.md). The rules are the original CANOE code's (`open_r1/grpo.py`), stated in full in docs/DESIGN.md:
 
 | name        | 1.0 when                                                                                         |
 |-------------|--------------------------------------------------------------------------------------------------|

@@ -2,6 +2,7 @@
 on the scoreboard's decision set, with paired differences, their 95 % intervals and a verdict.
 
     make compare CONFIG=recipes/my-idea.toml [SEEDS="42 7 1234"] [BASELINE=config.toml] [BENCHMARKS=DIR]
+    make screen CONFIG=recipes/my-idea.toml [BENCHMARKS=DIR]      # one seed, cnq500 alone: the cheap look first
     .venv/bin/python bench/compare.py --config recipes/my-idea.toml --seeds 42 7 1234 [--benchmarks DIR] [--dry-run]
 
 For each seed both configs are trained (canoe.py in a subprocess, as `make train` runs it) and each run's final
@@ -12,9 +13,11 @@ Written to runs/compare/NAME/ and printed: compare.md (the table, the example's 
 the command, the verdict), compare.json and rewards.png (both configs' per-step rewards).
 
 Nothing is done twice. A run's folder, under runs/compare/runs/, is named by a hash of its resolved config (its seed
-in, its output folder out), of the code training runs (the .py files outside tests/ and bench/ and requirements.txt,
-as they stand, committed or not) and of the dtype it resolves to here. A finished run (its marker, final checkpoint
-and metrics.jsonl) serves every compare that needs it, so the default's seeds are trained once; an interrupted one
+in, its output folder out), of the code training runs (the .py files outside tests/, bench/ and ideas/ and
+requirements.txt, as they stand, committed or not, and the config's own `reward_files`) and of the dtype it resolves
+to here. A reward idea kept in a file of its own under ideas/ is in its candidate's key only, so the default's key
+stays as it was. A finished run (its marker, final checkpoint and metrics.jsonl) serves every compare that needs it,
+so the default's seeds are trained once; an interrupted one
 resumes from its last checkpoint (canoe.py --resume), or starts again when it saved none; a run already scored on
 the same files is not scored again, and the scoreboard's cache holds the plain base's outputs. Before any training
 both configs are loaded as the trainer loads them (a config error, a reward not in REWARD_FUNCS: the trainer's
@@ -23,7 +26,12 @@ message) and the training data and the decision set's files must exist.
 The verdict (`Rules`), read on the pooled candidate − baseline column: by default the candidate is adopted when the
 primary metric's interval lies above 0 (cnq500 em with --benchmarks, else synthetic contains) and no row's interval
 lies wholly on the worse side of 0 (below it; above it for mr and org, which count memory winning). --primary,
---margin, --each-seed and --allow-losses change the rules.
+--margin, --each-seed and --allow-losses change the rules. The table's last column is the pooled candidate − baseline
+interval's half-width: what the run can detect.
+
+A screen (--screen) is one seed (42 unless --seeds names another), the candidate against the baseline's run of that
+seed (cached, as every run), scored on cnq500 alone with --benchmarks (else the 340 synthetic and held-out items);
+its report goes to runs/compare/NAME-screen/ and its verdict line says it is a screen. The three-seed compare decides.
 """
 
 from __future__ import annotations
@@ -61,11 +69,13 @@ from training.plot import read_metrics  # noqa: E402
 RUNS = ROOT / "runs" / "compare"  # the runs under RUNS/runs, each compare's report under RUNS/NAME
 DEFAULT = ROOT / "config.toml"
 SEEDS = (42, 7, 1234)
-SKIPPED = {"tests", "bench", ".venv", ".git", "runs", "models", "data"}  # no code that training runs
+# No code that every run trains with; ideas/ holds reward files, which only the configs naming them load.
+SKIPPED = {"tests", "bench", "ideas", ".venv", ".git", "runs", "models", "data"}
 TRAINED = "compare-trained.json"  # in a run's folder once canoe.py ended well: its final checkpoint, its seconds
 SCORED = "compare-scored.json"  # beside scoreboard.predictions.jsonl: the files' digests, the seconds
 LOWER_IS_BETTER = {"mr", "org"}  # ConFiQA's memorisation ratio and cnq500's original answer count memory winning
 COLUMNS = ("candidate - plain", "baseline - plain", "candidate - baseline")
+SCREEN = ["cnq500"]  # a screen's decision set with --benchmarks: 500 of the compare's 1,215 items
 
 
 # ------------------------------------------------------------------------------------------------ the verdict
@@ -92,7 +102,7 @@ def verdict(table: dict, rules: Rules, seeds: list[int], names: tuple[str, str])
     row, metric = rules.primary
     found = table[row][metric]["candidate - baseline"]
     percent = is_percent(row)
-    head = f"{row} {metric} {signed(found['pooled'], percent)} pooled over {len(seeds)} seeds"
+    head = f"{row} {metric} {signed(found['pooled'], percent)} pooled over {len(seeds)} seed{'s' * (len(seeds) > 1)}"
     failures = []
     if not better(metric, found["pooled"])[1] > rules.margin:
         failures.append(f"{head}: not better than {rules.margin:g} beyond its interval")
@@ -153,10 +163,11 @@ def signed(triple: list[float], percent: bool) -> str:
 
 def markdown_table(table: dict, seeds: list[int], names: tuple[str, str]) -> list[str]:
     """The table in the README's shape: a row per file and metric, the plain base, then each column of COLUMNS per
-    seed and pooled."""
+    seed and pooled, and the half-width of the pooled candidate − baseline interval."""
     titles = [c.replace("candidate", names[0]).replace("baseline", names[1]).replace(" - ", " − ") for c in COLUMNS]
     head = ["file (items): metric", "plain base"] + [f"{t}, {s}" for t in titles
-                                                     for s in [*(f"seed {x}" for x in seeds), "pooled"]]
+                                                     for s in [*(f"seed {x}" for x in seeds), "pooled"]] + [
+        f"± of {titles[2]}, pooled"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row, metrics in table.items():
         percent = is_percent(row)
@@ -164,17 +175,21 @@ def markdown_table(table: dict, seeds: list[int], names: tuple[str, str]) -> lis
             cells = [f"{row} ({r['n']}): {metric}", f"{r['plain']:.{1 if percent else 3}f}"]
             for column in COLUMNS:
                 cells += [signed(d, percent) for d in r[column]["seeds"]] + [signed(r[column]["pooled"], percent)]
+            _, lo, hi = r["candidate - baseline"]["pooled"]
+            cells.append(f"{(hi - lo) / 2:.{1 if percent else 3}f}")
             lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def copies_table(groups: dict[str, list[dict]], seeds: list[int]) -> list[str]:
-    """The policies' answers that copy the prompt's example (scoreboard.copies_example), over every file, from each
-    run's scoreboard.json."""
+def copies_table(groups: dict[str, list[dict]], seeds: list[int], files: list[str]) -> list[str]:
+    """The policies' answers that copy the prompt's example (scoreboard.copies_example) over the decision set's
+    `files`, from each run's scoreboard.json (which may hold more files: a run scored for a compare, reused by a
+    screen)."""
     lines = ["| example copied, all files | " + " | ".join(f"seed {s}" for s in seeds) + " | all seeds |",
              "|" + "---|" * (len(seeds) + 2)]
     for name, reports in groups.items():
-        counts = [(sum(r["example_copied"].values()), r["items"]) for r in reports]
+        counts = [(sum(r["example_copied"][f] for f in files), sum(r["files"][f]["n"] for f in files))
+                  for r in reports]
         cells = [f"{c} of {n}" for c, n in counts] + [f"{sum(c for c, _ in counts)} of {sum(n for _, n in counts)}"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
@@ -240,11 +255,12 @@ def code_version() -> str:
 
 
 def code_digest() -> str:
-    """A digest of the code that training runs as it stands in the working tree: every .py file git knows or would
-    add, tests/ and bench/ left out, as `code_text` reads it, and requirements.txt. A commit that touches only
-    documents, tests, benchmarks, comments or docstrings keeps it, so the default's seeds are not trained again."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", "*.py", ":!tests", ":!bench"],
-                            cwd=ROOT, capture_output=True, text=True)
+    """A digest of the code that every training run runs as it stands in the working tree: every .py file git knows
+    or would add, tests/, bench/ and ideas/ left out, as `code_text` reads it, and requirements.txt. A commit that
+    touches only documents, tests, benchmarks, reward ideas, comments or docstrings keeps it, so the default's seeds
+    are not trained again (a run's own reward files are in its key: `plan_run`)."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", "*.py", ":!tests", ":!bench",
+                             ":!ideas"], cwd=ROOT, capture_output=True, text=True)
     paths = sorted(listed.stdout.split()) if not listed.returncode else sorted(
         str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0] not in SKIPPED)
     digest = hashlib.sha256()
@@ -284,9 +300,12 @@ def resolved_dtypes(names: list[str]) -> list[str]:
 
 
 def plan_run(side: str, cfg: Config, seed: int, code: str, dtype: str, runs: Path) -> Run:
-    """The run of `cfg` with `seed`, in the folder its hash names: the same config, code and dtype, the same run."""
+    """The run of `cfg` with `seed`, in the folder its hash names: the same config, code (`code_digest` and the
+    config's reward files, each as `code_text` reads it) and dtype, the same run."""
     settings = dataclasses.asdict(dataclasses.replace(cfg, seed=seed, output_dir=""))
-    key = json.dumps({"config": settings, "code": code, "dtype": dtype}, sort_keys=True)
+    own = [hashlib.sha256(code_text(ROOT / name)).hexdigest()[:16] for name in cfg.reward_files]
+    key = json.dumps({"config": settings, "code": code, **({"reward_files": own} if own else {}), "dtype": dtype},
+                     sort_keys=True)
     folder = runs / f"s{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     return Run(side, seed, dataclasses.replace(cfg, seed=seed, output_dir=str(folder)))
 
@@ -347,9 +366,9 @@ def policy(run: Run) -> Path:
 
 
 def scored(run: Run, digests: dict[str, str]) -> bool:
-    """The run's policy was scored on these very files (by name and digest)."""
+    """The run's policy was scored on these very files (by name and digest), and perhaps on more."""
     marker = policy(run).parent / SCORED
-    return marker.exists() and json.loads(marker.read_text())["files"] == digests
+    return marker.exists() and digests.items() <= json.loads(marker.read_text())["files"].items()
 
 
 def score(run: Run, digests: dict[str, str], args: argparse.Namespace) -> None:
@@ -357,7 +376,7 @@ def score(run: Run, digests: dict[str, str], args: argparse.Namespace) -> None:
     start = time.perf_counter()
     command = [sys.executable, str(ROOT / "bench" / "scoreboard.py"), "--model", str(policy(run)),
                "--config", str(run.folder / "run.toml"), "--synthetic", str(args.synthetic),
-               "--heldout", str(args.heldout), "--cache", str(args.cache), "--draws", str(args.draws),
+               "--heldout", str(args.heldout), "--cache", str(args.cache), "--draws", str(args.draws), "--only", *digests,
                *(["--benchmarks", str(args.benchmarks)] if args.benchmarks else [])]
     if subprocess.run(command, cwd=ROOT).returncode:
         raise SystemExit(f"error: the scoreboard of {run.side} seed {run.seed} failed; the next compare retries it")
@@ -397,7 +416,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, required=True, help="the candidate config")
     parser.add_argument("--baseline", type=Path, default=DEFAULT, help="what it is held against (config.toml)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument("--seeds", type=int, nargs="+", help="default 42 7 1234; a screen's: 42")
     parser.add_argument("--benchmarks", type=Path, help="the scoreboard's benchmark folder (its --benchmarks)")
     parser.add_argument("--synthetic", type=Path, default=scoreboard.SYNTHETIC, help="the synthetic eval file")
     parser.add_argument("--heldout", type=Path, default=scoreboard.HELDOUT, help="the hand-written held-out file")
@@ -406,6 +425,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--margin", type=float, default=0.0, help="the primary's interval must lie above this")
     parser.add_argument("--each-seed", action="store_true", help="the primary must also win on each seed")
     parser.add_argument("--allow-losses", action="store_true", help="rows worse beyond their intervals do not count")
+    parser.add_argument("--screen", action="store_true", help="one seed, scored on cnq500 alone with --benchmarks "
+                        "(else the synthetic and held-out items): a verdict labelled a screen")
     parser.add_argument("--dry-run", action="store_true", help="say what would be trained and scored, then stop")
     parser.add_argument("--launcher", choices=("deepspeed", "python"), default="deepspeed",
                         help="how canoe.py is started: the deepspeed launcher (make train's) or python (one rank)")
@@ -414,6 +435,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cache", type=Path, default=scoreboard.CACHE, help="the scoreboard's output cache")
     parser.add_argument("--draws", type=int, default=scoreboard.DRAWS)
     args = parser.parse_args(argv)
+    args.seeds = args.seeds or ([SEEDS[0]] if args.screen else list(SEEDS))
     for key in ("synthetic", "heldout", "benchmarks", "runs", "cache"):  # the subprocesses run in the repository
         setattr(args, key, getattr(args, key) and getattr(args, key).resolve())
     return args
@@ -436,9 +458,12 @@ def load(path: Path) -> Config:
 def checked(args: argparse.Namespace) -> tuple[Config, Config, list, Rules]:
     """Everything that can be wrong before training: both configs, the decision set's files, the verdict's metric."""
     candidate, baseline = load(args.config), load(args.baseline)
-    targets = scoreboard.decision_set(args.benchmarks, args.synthetic, args.heldout)
+    screen = SCREEN if args.screen and args.benchmarks else None
+    targets = scoreboard.decision_set(args.benchmarks, args.synthetic, args.heldout, screen)
     if len(set(args.seeds)) != len(args.seeds):
         raise SystemExit(f"error: --seeds {args.seeds}: each seed once")
+    if args.screen and len(args.seeds) != 1:
+        raise SystemExit(f"error: --screen --seeds {args.seeds}: a screen is one seed")
     primary = args.primary or ("cnq500:em" if args.benchmarks else "synthetic:contains")
     rows = {row: metrics for row, files, metrics in scoreboard.ROWS if all(f in {t.name for t in targets}
                                                                            for f in files)}
@@ -496,29 +521,32 @@ def report(args: argparse.Namespace, argv: list[str], runs: dict[str, list[Run]]
     hits = {name: pool_seeds.read_hits(targets, each) for name, each in predictions.items()}
     table = compare_table(hits[names[0]], hits[names[1]], args.draws)
     adopted, line = verdict(table, rules, seeds, names)
+    if args.screen:  # not a decision: one seed, a part of the decision set
+        line = (f"screen {line}. A screen: seed {seeds[0]} on {', '.join(t.name for t in targets)} only; "
+                "the three-seed compare decides")
     boards = {name: [json.loads((policy(r).parent / "scoreboard.json").read_text()) for r in side]
               for name, side in runs.items()}
     out = args.out or RUNS / (args.config.stem + ("" if args.baseline.resolve() == DEFAULT else
-                                                  f"-vs-{args.baseline.stem}"))
+                                                  f"-vs-{args.baseline.stem}") + ("-screen" if args.screen else ""))
     out.mkdir(parents=True, exist_ok=True)
     rewards = list(dict.fromkeys(n for side in runs.values() for n in side[0].cfg.rewards))
     draw_rewards({name: [r.folder for r in side] for name, side in runs.items()}, rewards, out / "rewards.png")
     dtypes = " / ".join(dict.fromkeys(json.loads((r.folder / "run_config.json").read_text())["dtype"]
                                       for side in runs.values() for r in side))
     command = shlex.join([".venv/bin/python", "bench/compare.py", *argv])
-    lines = [f"# {args.config.name} ({names[0]}) against {args.baseline.name} ({names[1]}), seeds "
-             f"{', '.join(map(str, seeds))}", "",
+    lines = [f"# {'A screen: ' if args.screen else ''}{args.config.name} ({names[0]}) against {args.baseline.name} "
+             f"({names[1]}), seeds {', '.join(map(str, seeds))}", "",
              f"{machine_kind()}, {os.cpu_count()} cores; {dtypes}; commit {code}; {time.strftime('%Y-%m-%d')}. "
              f"Reproduce from the repository's root: `{command}`", "",
              "Paired differences with their 95 % bootstrap intervals (per seed: over items; pooled: seeds and items "
              "resampled together). Synthetic and held-out rows in fractions, the benchmarks in percent.", "",
-             *markdown_table(table, seeds, names), "", *copies_table(boards, seeds), "",
+             *markdown_table(table, seeds, names), "", *copies_table(boards, seeds, [t.name for t in targets]), "",
              "![per-step rewards of both configs](rewards.png)", "",
              *(f"- {r.side} seed {r.seed}: `{r.folder}`" for side in runs.values() for r in side), "", line]
     markdown = "\n".join(lines) + "\n"
     (out / "compare.md").write_text(markdown)
     (out / "compare.json").write_text(json.dumps({"candidate": str(args.config), "baseline": str(args.baseline),
-                                                  "seeds": seeds, "code": code, "table": table, "adopted": adopted,
+                                                  "seeds": seeds, "code": code, "table": table, "adopted": adopted, "screen": args.screen,
                                                   "verdict": line, "runs": {n: [str(r.folder) for r in side]
                                                                             for n, side in runs.items()}}, indent=1))
     return markdown

@@ -88,12 +88,17 @@ def benchmark_targets(benchmarks: Path) -> list[Target]:
             Target("cnq500", benchmarks / "cnq-nqswap.dev500.json", "cnq", limit=500)]
 
 
-def decision_set(benchmarks: Path | None, synthetic: Path = SYNTHETIC, heldout: Path = HELDOUT) -> list[Target]:
-    """The files every policy is scored on; the benchmark files only where `benchmarks` is given."""
+def decision_set(benchmarks: Path | None, synthetic: Path = SYNTHETIC, heldout: Path = HELDOUT,
+                 only: list[str] | None = None) -> list[Target]:
+    """The files every policy is scored on; the benchmark files only where `benchmarks` is given; with `only`, those
+    of them by name (a screen's cnq500 alone), so that the others need not exist."""
     targets = [Target("synthetic", synthetic), Target("heldout", heldout)]
     if benchmarks is not None:
         targets += benchmark_targets(benchmarks)
-    return present(targets)
+    unknown = sorted(set(only or ()) - {t.name for t in targets})
+    if unknown:
+        raise SystemExit(f"error: {unknown}: not files of this decision set ({', '.join(t.name for t in targets)})")
+    return present([t for t in targets if only is None or t.name in only])
 
 
 def present(targets: list[Target]) -> list[Target]:
@@ -441,6 +446,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="the engines' dtype (default: the config's, resolved on this machine)")
     parser.add_argument("--synthetic", type=Path, default=SYNTHETIC, help="the synthetic eval file")
     parser.add_argument("--heldout", type=Path, default=HELDOUT, help="the hand-written held-out file")
+    parser.add_argument("--only", nargs="+", help="score only these files of the decision set (e.g. cnq500)")
     parser.add_argument("--out", type=Path, help="where the JSON and the picture go (default: beside the checkpoint)")
     parser.add_argument("--cache", type=Path, default=CACHE, help="where outputs are cached")
     parser.add_argument("--draws", type=int, default=DRAWS)
@@ -452,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
     if not (model / "config.json").exists():
         raise SystemExit(f"error: --model {args.model!r} is not a model folder (no config.json)")
     dtype = str(runtime.resolve_dtype(args.dtype or cfg.dtype)).removeprefix("torch.")
-    targets = decision_set(args.benchmarks, args.synthetic, args.heldout)
+    targets = decision_set(args.benchmarks, args.synthetic, args.heldout, args.only)
     out = args.out or (model.parent if model.name == "policy" else ROOT / "runs" / "scoreboard" / model.name)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -18,6 +18,21 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 
 
+@pytest.fixture
+def isolated_registry():
+    """rewards.REWARD_FUNCS and config's record of the reward files loaded, as they were before the test: a reward
+    file a test loads registers its rewards for the test alone."""
+    import config
+    import rewards
+
+    registry, files = dict(rewards.REWARD_FUNCS), dict(config._FILE_REWARDS)
+    yield rewards.REWARD_FUNCS
+    rewards.REWARD_FUNCS.clear()
+    rewards.REWARD_FUNCS.update(registry)
+    config._FILE_REWARDS.clear()
+    config._FILE_REWARDS.update(files)
+
+
 @pytest.fixture(scope="session")
 def chat_tokenizer():
     """The SmolLM2-135M-Instruct chat tokenizer: from models/ once `make models` has written it, else straight

@@ -12,11 +12,14 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import SMOKE_MODEL
+
+import config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,9 +130,13 @@ def test_the_markdown_table_has_a_row_per_file_and_metric_and_three_columns_per_
     head, rule, *rows = compare.markdown_table(table, [42, 7], NAMES)
     assert head.split(" | ")[2:5] == ["candidate − plain, seed 42", "candidate − plain, seed 7",
                                       "candidate − plain, pooled"]
-    assert head.count("|") - 1 == rule.count("|") - 1 == 2 + 3 * 3
+    assert head.count("|") - 1 == rule.count("|") - 1 == 2 + 3 * 3 + 1
     assert [r.split(" | ")[0] for r in rows] == ["| synthetic (100): em", "| synthetic (100): contains"]
     assert rows[1].split(" | ")[1] == "0.500" and rows[1].split(" | ")[8].startswith("+0.200 [")
+    # the last column: the half-width of the pooled candidate − default interval, what the run can detect
+    assert head.endswith(" | ± of candidate − default, pooled |")
+    _, lo, hi = table["synthetic"]["contains"]["candidate - baseline"]["pooled"]
+    assert rows[1].split(" | ")[-1] == f"{(hi - lo) / 2:.3f} |" and hi - lo > 0.01
 
 
 # ---------------------------------------------------------------------------------------- before any training
@@ -167,6 +174,32 @@ def test_a_missing_benchmark_file_or_an_unknown_primary_metric_stops_it(tmp_path
     with pytest.raises(SystemExit, match=r"error: nowhere\.jsonl: data file not found"):
         compare.main(small_config(tmp_path, train_file=Path("nowhere.jsonl")))
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
+def test_a_screen_is_one_seed_on_cnq500_alone(tmp_path, capsys):
+    args = small_config(tmp_path)
+    with pytest.raises(SystemExit, match=r"error: --screen --seeds \[42, 7\]: a screen is one seed"):
+        compare.main([*args, "--screen", "--seeds", "42", "7"])
+    benchmarks = tmp_path / "benchmarks"  # NQ-Swap's file alone: a screen needs no other
+    benchmarks.mkdir()
+    (benchmarks / "cnq-nqswap.dev500.json").write_text("[]")
+    compare.main([*args, "--screen", "--benchmarks", str(benchmarks), "--dry-run"])
+    tasks = [line.split(": ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert tasks == ["[1/2] training idea seed 42", "[2/2] scoring idea seed 42"]  # the config against itself
+    with pytest.raises(SystemExit, match=r"error: confiqa-qa: .*ConFiQA-QA\.dev25\.json not found"):
+        compare.main([*args, "--benchmarks", str(benchmarks), "--dry-run"])  # the compare needs all five
+
+
+def test_a_run_scored_on_more_files_is_scored_for_fewer(tmp_path):
+    run = compare.plan_run("default", compare.load_config(ROOT / "config.toml"), 7, "abc", "float32", tmp_path)
+    (run.folder / "checkpoints" / "step-000001").mkdir(parents=True)
+    (run.folder / "checkpoints" / "latest").write_text("step-000001")
+    (run.folder / "checkpoints" / "step-000001" / "trainer_state.json").write_text("{}")
+    marker = run.folder / "checkpoints" / "step-000001" / compare.SCORED
+    marker.write_text(json.dumps({"files": {"synthetic": "a", "cnq500": "b"}, "seconds": 1.0}))
+    assert compare.scored(run, {"cnq500": "b"}) and compare.scored(run, {"synthetic": "a", "cnq500": "b"})
+    assert not compare.scored(run, {"cnq500": "c"}) and not compare.scored(run, {"cnq500": "b", "nq300": "d"})
 
 
 def test_a_runs_folder_follows_its_config_seed_code_and_dtype_and_nothing_else(tmp_path):
@@ -261,22 +294,84 @@ def test_a_run_is_done_only_once_its_marker_names_its_last_checkpoint(tmp_path):
     assert compare.state(run) == "resume"
 
 
-def test_the_readmes_compare_config_is_the_default_with_brevity_added(tmp_path, monkeypatch):
-    """README, "Testing a reward idea": its recipes/brevity.toml, with the README's brevity reward registered (as
-    "Adding a reward" has the user do), loads as config.toml with the five rewards."""
-    section = (ROOT / "README.md").read_text().split("## Testing a reward idea", 1)[1].split("\n## ", 1)[0]
-    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
-    assert block.startswith("# recipes/brevity.toml\n")
-    (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "brevity.toml").write_text(block)
-    (tmp_path / "config.toml").write_text((ROOT / "config.toml").read_text())
-    import rewards
+def docs_blocks(kind: str) -> list[str]:
+    """The `kind` code blocks of docs/reward-ideas.md's "Adding a reward", in order, as a user copies them."""
+    section = (ROOT / "docs" / "reward-ideas.md").read_text().split("## Adding a reward", 1)[1].split("\n## ", 1)[0]
+    return [block.split("```", 1)[0] for block in section.split(f"```{kind}\n")[1:]]
 
-    monkeypatch.setitem(rewards.REWARD_FUNCS, "brevity", lambda completions, **kwargs: [0.0] * len(completions))
-    cfg = compare.load_config(tmp_path / "recipes" / "brevity.toml")
+
+def test_the_docs_compare_config_is_the_default_with_brevity_added(isolated_registry):
+    """docs/reward-ideas.md: its recipes/brevity.toml is the one shipped, and it loads as config.toml with the five
+    rewards and the idea's file; its "Testing a reward idea" runs the compare on it."""
+    (block,) = docs_blocks("toml")
+    assert block.startswith("# recipes/brevity.toml\n")
+    shipped = (ROOT / "recipes" / "brevity.toml").read_text()
+    assert tomllib.loads(block) == tomllib.loads(shipped)
+    cfg = compare.load_config(ROOT / "recipes" / "brevity.toml")
     default = compare.load_config(ROOT / "config.toml")
-    assert cfg == dataclasses.replace(default, rewards={**default.rewards, "brevity": 0.5})
-    assert "make compare CONFIG=recipes/brevity.toml" in section
+    assert cfg == dataclasses.replace(default, rewards={**default.rewards, "brevity": 0.5},
+                                      reward_files=["ideas/brevity.py"])
+    testing = (ROOT / "docs" / "reward-ideas.md").read_text().split("## Testing a reward idea", 1)[1]
+    assert "make compare CONFIG=recipes/brevity.toml" in testing
+
+
+def test_an_idea_in_its_own_file_leaves_the_defaults_runs_and_a_change_to_canoes_rewards_does_not(
+        tmp_path, monkeypatch, capsys, isolated_registry):
+    """In a git repository of the code, the docs' brevity idea added as they say (its file under ideas/, its config)
+    leaves the default's run key as it was, so a dry run lists the default's seed as done and only the candidate to
+    train; an edit to the idea's file trains the candidate again, never the default; an edit to one of CANOE's
+    rewards (code the default runs) gives the default a new key."""
+    fork = tmp_path / "fork"
+    for name in subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split():
+        if (name.endswith(".py") and not name.startswith(("tests/", "ideas/"))) or name in (
+                "config.toml", "requirements.txt", ".gitignore"):
+            (fork / name).parent.mkdir(parents=True, exist_ok=True)
+            (fork / name).write_bytes((ROOT / name).read_bytes())
+    (fork / "models" / "Qwen2.5-Coder-0.5B-Instruct").mkdir(parents=True)  # a dry run loads no model
+    (fork / "data" / "synth").mkdir(parents=True)
+    (fork / "data" / "synth" / "train.jsonl").write_text("")
+    subprocess.run(["git", "init", "-q"], cwd=fork, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=fork, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "code"], cwd=fork, check=True)
+    monkeypatch.setattr(compare, "ROOT", fork)
+    monkeypatch.setattr(compare, "DEFAULT", fork / "config.toml")
+    monkeypatch.setattr(config, "REPOSITORY", fork)  # where reward_files are read from: the fork's root
+    common = ["--seeds", "42", "--synthetic", str(HELDOUT), "--heldout", str(HELDOUT), "--runs", str(tmp_path / "runs"),
+              "--dry-run"]
+
+    def plan(config: str) -> dict[str, str]:
+        """The dry run's line per task ("training default seed 42" → "to do, from the start (FOLDER)")."""
+        compare.main(["--config", str(fork / config), *common])
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+        return dict(line.split("] ", 1)[1].split(": ", 1) for line in lines)
+
+    first = plan("config.toml")["training default seed 42"]
+    assert first.startswith("to do, from the start (")
+    folder = Path(first.split("(", 1)[1].rstrip(")"))  # trained: its checkpoint, metrics and marker
+    (folder / "checkpoints" / "step-000024").mkdir(parents=True)
+    (folder / "checkpoints" / "step-000024" / "trainer_state.json").write_text("{}")
+    (folder / "checkpoints" / "latest").write_text("step-000024")
+    (folder / "metrics.jsonl").write_text(json.dumps({"time/step": 40.0}) + "\n")
+    (folder / compare.TRAINED).write_text(json.dumps({"checkpoint": "step-000024", "seconds": 60.0}))
+
+    (fork / "ideas").mkdir()
+    (fork / "ideas" / "brevity.py").write_text(docs_blocks("python")[0])
+    (fork / "recipes").mkdir()
+    (fork / "recipes" / "brevity.toml").write_text(docs_blocks("toml")[0])
+    tasks = plan("recipes/brevity.toml")
+    assert tasks["training default seed 42"] == f"done before, reused ({folder})"
+    assert tasks["training candidate seed 42"].startswith("to do, from the start (")
+    idea = (fork / "ideas" / "brevity.py").read_text()
+    (fork / "ideas" / "brevity.py").write_text(idea.replace("<= 5", "<= 3"))
+    edited = plan("recipes/brevity.toml")
+    assert edited["training default seed 42"] == f"done before, reused ({folder})"
+    assert edited["training candidate seed 42"] not in (tasks["training candidate seed 42"], first)
+
+    canoe_rewards = (fork / "rewards.py").read_text()
+    assert canoe_rewards.count("0.2 * len(context)") == 1
+    (fork / "rewards.py").write_text(canoe_rewards.replace("0.2 * len(context)", "0.25 * len(context)"))
+    changed = plan("recipes/brevity.toml")["training default seed 42"]
+    assert changed.startswith("to do, from the start (") and str(folder) not in changed
 
 
 # ------------------------------------------------------------------------------------------------ end to end
@@ -361,6 +456,24 @@ def test_a_second_invocation_trains_and_scores_nothing(compared):
     assert not any(" … " in line for line in lines) and "training models/" not in again.stdout
     assert json.loads((compared["folder"] / "report" / "compare.json").read_text())["verdict"] == lines[-1]
     assert lines[-1] == first.stdout.splitlines()[-1]
+
+
+@needs_smoke
+def test_a_screen_of_the_same_configs_reuses_seed_42_and_says_it_is_a_screen(compared):
+    folder, command = compared["folder"], compared["command"]
+    seeds = command.index("--seeds")
+    screen = [*command[:seeds], "--seeds", "42", *command[seeds + 3:], "--screen", "--out", str(folder / "screen")]
+    result = subprocess.run(screen, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert sum(": done before, reused (" in line for line in lines) == 4  # both configs' seed 42, trained and scored
+    markdown = (folder / "screen" / "compare.md").read_text()
+    assert markdown.startswith("# A screen: idea.toml (candidate) against baseline.toml (baseline), seeds 42\n")
+    assert re.fullmatch(r"screen verdict \(candidate − baseline\): .*\. A screen: seed 42 on synthetic, heldout "
+                        r"only; the three-seed compare decides", lines[-1]), lines[-1]
+    head = next(line for line in markdown.splitlines() if line.startswith("| file (items)"))
+    assert "seed 7" not in head and head.endswith(" | ± of candidate − baseline, pooled |")
+    assert json.loads((folder / "screen" / "compare.json").read_text())["screen"] is True
 
 
 @needs_smoke

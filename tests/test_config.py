@@ -29,7 +29,7 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_shipped_configs_load():
+def test_shipped_configs_load(isolated_registry):
     paths = [ROOT / "config.toml", *sorted((ROOT / "recipes").glob("*.toml"))]
     assert len(paths) > 1  # the recipes were found: an empty glob would pass on config.toml alone
     for path in paths:
@@ -167,6 +167,28 @@ def train_in_process(tmp_path: Path, config_text: str) -> str:
         cli.main(["--config", str(config)], canoe.train)
     assert not (tmp_path / "run").exists()  # stopped before anything was written
     return str(stopped.value.code)
+
+
+def test_a_reward_file_registers_its_rewards_for_the_configs_that_name_it(tmp_path, isolated_registry):
+    idea = tmp_path / "idea.py"
+    idea.write_text("from rewards import REWARD_FUNCS\nREWARD_FUNCS['short'] = lambda completions, **kw: [1.0]\n")
+    rewards = "\n[rewards]\naccuracy = 1.0\nshort = 0.5\n"
+    cfg = load_config(write(tmp_path, f"reward_files = [{str(idea)!r}]{rewards}"))
+    assert cfg.rewards == {"accuracy": 1.0, "short": 0.5} and isolated_registry["short"]([]) == [1.0]
+    # loaded once in this process, it is still not known to a config that does not name it, as in the trainer
+    with pytest.raises(ConfigError, match=r"rewards = .*: unknown \['short'\]; known: \[.*\] \(a new reward is "
+                                          r"registered in a file the config names in reward_files"):
+        load_config(write(tmp_path, rewards))
+    with pytest.raises(ConfigError, match=r"reward_files: 'ideas/nowhere\.py': no such file \(paths are from the "
+                                          r"repository root\)"):
+        load_config(write(tmp_path, 'reward_files = ["ideas/nowhere.py"]' + rewards))
+    for text, why in (("REWARD_FUNCS['format'] = len", r"replaces the registered \['format'\]: give it a name of"),
+                      ("X = 1", r"registers no reward")):
+        other = tmp_path / f"other{len(why)}.py"
+        other.write_text(f"from rewards import REWARD_FUNCS\n{text}\n")
+        with pytest.raises(ConfigError, match=f"reward_files: {other}: {why}"):
+            load_config(write(tmp_path, f"reward_files = [{str(other)!r}]{rewards}"))
+    assert isolated_registry["format"].__name__ == "format_reward"  # the refused file's registration is undone
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path):

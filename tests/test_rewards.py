@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rewards
+from config import known_rewards
 from grading.grader import MathGrader
 from rewards import (
     REWARD_FUNCS,
@@ -214,22 +215,23 @@ CANOE_REWARDS = {"accuracy": accuracy_reward, "format": format_reward, "influenc
 
 
 def test_registry_holds_the_four_canoe_rewards():
-    # other rewards may be registered beside them (README, "Adding a reward"); these four must be there as they are
+    # other rewards may be registered beside them (docs/reward-ideas.md); these four must be there as they are
     for name, fn in CANOE_REWARDS.items():
         assert REWARD_FUNCS[name] is fn
 
 
-def test_readme_reward_example_works_appended_to_rewards():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## Adding a reward", 1)[1]
-    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
-    namespace = {**vars(rewards), "REWARD_FUNCS": dict(REWARD_FUNCS)}  # as if appended, without touching the registry
-    exec(compile(snippet, "README.md", "exec"), namespace)
-    brevity = namespace["REWARD_FUNCS"]["brevity"]
+def test_the_docs_reward_idea_is_ideas_brevity_and_scores_by_its_rule(isolated_registry):
+    """docs/reward-ideas.md's example is ideas/brevity.py as shipped, and a config naming the file registers it."""
+    root = Path(__file__).resolve().parent.parent
+    section = (root / "docs" / "reward-ideas.md").read_text().split("## Adding a reward", 1)[1]
+    assert section.split("```python\n", 1)[1].split("```", 1)[0] == (root / "ideas" / "brevity.py").read_text()
+    assert "brevity" not in REWARD_FUNCS
+    assert "brevity" in known_rewards(Path("idea.toml"), [str(root / "ideas" / "brevity.py")])
+    brevity = REWARD_FUNCS["brevity"]
     texts = ["<answer>Paris</answer>", "<answer> one two three four five </answer>",
              "<answer>one two three four five six</answer>"]
     assert brevity([chat(t) for t in texts], solution=["x"] * 3) == [1.0, 1.0, 0.0]
-    # the README's own rule: a malformed input (None, no <answer> tag, an unclosed or empty one) scores 0
+    # its own rule: a malformed input (None, no <answer> tag, an unclosed or empty one) scores 0
     malformed = [None, "Paris", "<think>t</think>", "<answer>Paris", "<answer>  </answer>", ""]
     assert brevity([chat(t) for t in malformed], solution=["x"] * 6) == [0.0] * 6
 

@@ -326,10 +326,10 @@ def test_several_updates_per_rollout_make_the_ratio_and_the_importance_weights_a
     assert metrics[-1]["train/lr"] == pytest.approx(1e-3)
 
 
-def readme_example(heading: str = "## Adding a reward", doc: str = "README.md") -> str:
-    """The Python blocks of a section of a doc (README's "Adding a reward", docs/loss-options.md's "Adding a loss
-    variant"), one after the other, as a user would copy them."""
-    section = (ROOT / doc).read_text().split(heading, 1)[1].split("\n## ", 1)[0]
+def readme_example(heading: str, document: str = "README.md") -> str:
+    """The Python blocks of a section of a document (docs/loss-options.md's "Adding a loss variant",
+    docs/reward-ideas.md's "Adding a reward"), one after the other, as a user would copy them."""
+    section = (ROOT / document).read_text().split(heading, 1)[1].split("\n## ", 1)[0]
     return "\n".join(block.split("```", 1)[0] for block in section.split("```python\n")[1:])
 
 
@@ -357,8 +357,9 @@ FORK_REWARDS = {"accuracy": 1.0, "format": 1.0, "influence": 1.0, "length": 1.0,
 
 @pytest.fixture(scope="module")
 def fork_run(tmp_path_factory, smoke_data) -> Path:
-    """One run of a user's fork, launched once and read by the tests below: rewards.py with the README's reward
-    example appended as it stands and a reward that reads the `message` column; variants.py with the README's loss
+    """One run of a user's fork, launched once and read by the tests below: ideas/brevity.py written from
+    docs/reward-ideas.md's example as it stands (the config names it in reward_files), rewards.py with a reward that
+    reads the `message` column appended; variants.py with the README's loss
     variants appended as they stand (RLOO's advantages, the seq-mean-token-sum aggregation), which the config names;
     CANOE's final_10k.jsonl rows (problem, solution, the chat in `message` as a list of {role, content}, other
     columns); three steps under a time budget that the first step spends. Returns the folder that holds `run/`."""
@@ -368,12 +369,14 @@ def fork_run(tmp_path_factory, smoke_data) -> Path:
     canoe_file = folder / "final_10k.jsonl"
     canoe_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
     fork = fork_repository(folder / "fork")
+    (fork / "ideas").mkdir()
+    (fork / "ideas" / "brevity.py").write_text(readme_example("## Adding a reward", "docs/reward-ideas.md"))
     with open(fork / "rewards.py", "a") as f:
-        f.write("\n\n" + readme_example() + "\n" + MESSAGE_REWARD)
+        f.write("\n" + MESSAGE_REWARD)
     with open(fork / "variants.py", "a") as f:
         f.write("\n\n" + readme_example("## Adding a loss variant", "docs/loss-options.md"))
     config = write_config(folder, canoe_file, max_steps=3, max_minutes=0.001, model=str(SMOKE_MODEL),
-                          rewards=FORK_REWARDS, advantage_rule="rloo",
+                          rewards=FORK_REWARDS, reward_files=["ideas/brevity.py"], advantage_rule="rloo",
                           aggregation="seq-mean-token-sum")
     launch(config, 1, root=fork, launcher=False)
     return folder
