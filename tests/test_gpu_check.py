@@ -1,7 +1,8 @@
 """bench/gpu_check.py's CPU subset (`--cpu`): every check that can run without a GPU runs and passes, without vLLM;
 a broken packed mask (`--break-mask`) fails the packing checks; and every module the run imports is one the GPU
 machine will have: the standard library's, the project's, a package of its image that the run relies on
-(`DEVICE`), or a carried wheel (bench/gpu_wheels.txt).
+(`DEVICE`) or one such a package requires, an optional import (`OPTIONAL`), or a carried wheel
+(bench/gpu_wheels.txt).
 
 The GPU's run is recorded in bench/RESULTS.md; here the script must not be left to fail on the device for a reason
 a CPU could have shown (an import of vLLM, a package the machine lacks, a wrong call into the project's code).
