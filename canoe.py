@@ -43,7 +43,8 @@ from variants import Variants
 
 from grading.grader import MathGrader
 from plumbing import checkpoint, lora, weight_sync
-from plumbing.runtime import all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs
+from plumbing.runtime import (all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs,
+                              stop_together)
 from training import cli, packing, preflight
 from training.metrics import RunLog, Step, step_metrics, timing, truncate_log, write_run_info
 from training.optimizer import deepspeed_config, lr_schedule
@@ -370,7 +371,18 @@ def run_step(run: Run) -> dict[str, float]:
 def train(cfg: Config, resume: bool, verbose: bool = False) -> None:
     preflight.check_paths(cfg, train=True)  # before anything is written to the output folder
     route_logs(Path(cfg.output_dir), int(os.environ.get("RANK", "0")), verbose=verbose)  # before vLLM starts
-    run = setup(cfg, resume=resume)
+    init_distributed(cfg.dist_timeout_minutes)
+    with stop_together():  # an error on any rank, in set-up or in any phase of a step, stops every rank at once
+        run = setup(cfg, resume=resume)
+        loop(run)
+    if run.rank == 0:  # only rank 0's output folder is sure to hold the checkpoint (a node-local disk may not)
+        print0(f"done: {run.step} steps; policy in {checkpoint.latest_checkpoint(run.out) / 'policy'}")
+
+
+def loop(run: Run) -> None:
+    """Steps until `total_steps`: each logged, its samples dumped every `sample_every`, a checkpoint every
+    `save_every` and after the last."""
+    cfg = run.cfg
     log = RunLog(cfg, run.out, enabled=run.rank == 0)
     print0(f"training {cfg.model} for {run.total_steps} steps on {run.world_size} rank(s): "
            f"{cfg.prompts_per_step} prompts × {cfg.num_generations} samples per rank per step")
@@ -395,8 +407,6 @@ def train(cfg: Config, resume: bool, verbose: bool = False) -> None:
     bar.close()
     log.close()
     run.grader.close()
-    if run.rank == 0:  # only rank 0's output folder is sure to hold the checkpoint (a node-local disk may not)
-        print0(f"done: {run.step} steps; policy in {checkpoint.latest_checkpoint(run.out) / 'policy'}")
 
 
 def out_of_time(deadline: float) -> bool:

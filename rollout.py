@@ -57,7 +57,10 @@ def substitute_context(problem: str | None, long_answer: str) -> str | None:
 
 @dataclass(frozen=True)
 class Completion:
-    """One sampled completion: vLLM's text, token ids and the log-probability of each sampled token."""
+    """One sampled completion: vLLM's text, token ids and the log-probability of each sampled token; none for
+    stage 2's, which are scored, never trained on. Asking for none leaves the draw as it is: vLLM's sampler computes
+    the processed log-probabilities it samples from either way, and gathers them only after sampling, for the
+    requests that ask (vllm/v1/sample/sampler.py, `Sampler.forward`)."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -120,14 +123,14 @@ def make_engine(model_path: str, *, dtype: str, seed: int, max_model_len: int, g
 
 
 def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, temperature: float, top_p: float,
-            max_tokens: int, lora_request=None, prefix: str = "") -> list[Completion]:
+            max_tokens: int, lora_request=None, prefix: str = "", logprobs: bool = True) -> list[Completion]:
     """`n` samples per prompt, prompt-major: len(prompts)·n completions, drawn from `seed` alone (on CUDA each
     prompt's request carries `prompt_seed`, on the CPU torch's generator is seeded for the call and the trainer's
     stream restored after it). `lora_request` names the adapter the engine applies (plumbing/lora.py,
     `AdapterPush`), None for plain weights; `prefix` (the response prefix, which ends the prompt) is put back in
-    front of each text, since the rewards judge the whole answer.
+    front of each text, since the rewards judge the whole answer. `logprobs=False`: none asked for (`Completion`).
     """
-    settings = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
+    settings = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0 if logprobs else None)
     if seeds_per_request():
         params = [SamplingParams(**settings, seed=prompt_seed(seed, index)) for index in range(len(prompts))]
     else:
@@ -142,7 +145,7 @@ def _sample(llm, prompts: Sequence[Sequence[int]], n: int, seed: int, *, tempera
         # vLLM may return the n samples of a request in any order; sort by index for a reproducible layout.
         for sample in sorted(output.outputs, key=lambda o: o.index):
             # With logprobs=0 vLLM returns, per position, a dict holding the sampled token's log-probability.
-            logprobs = tuple(step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids))
+            logprobs = tuple(step[token].logprob for step, token in zip(sample.logprobs or (), sample.token_ids))
             completions.append(Completion(prefix + sample.text, tuple(sample.token_ids), logprobs,
                                           sample.finish_reason or "length"))
     return completions
@@ -195,8 +198,8 @@ def generate_stage2(llm, problems: Sequence[str], completions: Sequence[Completi
                 todo.append(i)
                 prompts.append(ids)
         new_problems.append(problem)
-    sampled = _sample(llm, prompts, 1, request_seed(seed, "stage2", step, rank), temperature=temperature,
-                      top_p=top_p, max_tokens=max_tokens, lora_request=lora_request, prefix=prefix) if todo else []
+    sampled = _sample(llm, prompts, 1, request_seed(seed, "stage2", step, rank), temperature=temperature, top_p=top_p,
+                      max_tokens=max_tokens, lora_request=lora_request, prefix=prefix, logprobs=False) if todo else []
     by_index = dict(zip(todo, sampled))
     return Stage2(new_problems, [by_index.get(i) for i in range(len(completions))], too_long)
 

@@ -14,12 +14,13 @@ dropped for its length.
 The two sides:
 - the policy, under `--config`'s prompt (the one it was trained with). A LoRA checkpoint (a `policy/` folder with
   `adapter/` beside it) runs as `--eval` runs it, as training's rollout engine ran it (evaluate.adapter_rank, by
-  `--config`'s `lora_push` and the engines' dtype): its base with the adapter applied by vLLM where training pushed
-  the adapter (by default on a GPU outside float32), else the adapter merged in float32 (exact) into its base, as
-  stored, loaded by vLLM like any model (`policy_folder`);
+  the `lora_push` and dtype in the run_config.json of the run that wrote it): its base with the adapter applied by
+  vLLM where training pushed the adapter (by default on a GPU outside float32), else the adapter merged in float32
+  (exact) into its base, as stored, loaded by vLLM like any model (`policy_folder`);
 - the base model of `--config` under `--plain`'s prompt (recipes/plain-prompt.toml: a plain system prompt, no
   response prefix), the baseline a user would pick.
-Both decode greedily in one vLLM engine each, in `--dtype` (default: what the config's dtype resolves to here).
+Both decode greedily in one vLLM engine each, in `--dtype` (default: the checkpoint's run's dtype, else what the
+config's dtype resolves to here).
 Outputs are cached by (model digest, prompt, file digest, decoding) under runs/scoreboard/cache, so a second policy
 costs one evaluation: the base's outputs are reused.
 
@@ -429,12 +430,6 @@ def draw(table: dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def run_info(model: Path) -> dict:
-    """The training run's run_config.json, for a checkpoint's policy (RUN/checkpoints/step-N/policy); else {}."""
-    path = model.parent.parent.parent / "run_config.json"
-    return json.loads(path.read_text()) if model.name == "policy" and path.exists() else {}
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="the policy: a checkpoint's policy/ folder or a model folder")
@@ -457,7 +452,8 @@ def main(argv: list[str] | None = None) -> None:
     model = Path(args.model).resolve()
     if not (model / "config.json").exists():
         raise SystemExit(f"error: --model {args.model!r} is not a model folder (no config.json)")
-    dtype = str(runtime.resolve_dtype(args.dtype or cfg.dtype)).removeprefix("torch.")
+    dtype = args.dtype or evaluate.run_config(model).get("dtype")  # the checkpoint's own, as `--eval` takes it
+    dtype = str(runtime.resolve_dtype(dtype or cfg.dtype)).removeprefix("torch.")
     targets = decision_set(args.benchmarks, args.synthetic, args.heldout, args.only)
     out = args.out or (model.parent if model.name == "policy" else ROOT / "runs" / "scoreboard" / model.name)
     out.mkdir(parents=True, exist_ok=True)
@@ -487,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
               for t in targets}
     stopped = {t.name: sum(map(ends_after_think, texts["policy"][t.name])) for t in targets}
     total = sum(len(items[t.name]) for t in targets)
-    info = run_info(model)
+    info = evaluate.run_config(model)
     seed = info.get("config", {}).get("seed", cfg.seed)
     run_dtype = info.get("dtype", dtype)
     recipe = Path(args.config).name

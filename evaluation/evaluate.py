@@ -13,9 +13,10 @@ the report adds suites.official_last_printed, the figure the official scripts wo
 
 Generation is greedy; `--sample` samples with the model's generation_config.json (Hugging Face's defaults for what it
 leaves out) and the config's seed. The official runs sample unseeded in fp16, one prompt at a time; we batch in vLLM
-with the config's dtype. A LoRA checkpoint runs as training's rollout engine ran it (`adapter_rank`): on a GPU outside
+in the dtype a checkpoint was trained in (its run's run_config.json), else the config's. A LoRA checkpoint runs as
+training's rollout engine ran it (`adapter_rank`, by its run's `lora_push` and dtype): by default on a GPU outside
 float32 as its base with the adapter applied by vLLM (W + s·B·A rounded to bfloat16 would lose every update entry
-below half a step of W), elsewhere as the adapter merged into its base in float32, loaded at the config's dtype.
+below half a step of W), elsewhere as the adapter merged into its base in float32, loaded at that dtype.
 Results go to OUTPUT_DIR/eval/<name>.json, with every prediction in <name>.predictions.jsonl beside it.
 """
 
@@ -93,7 +94,7 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
     import rollout
 
     runtime.single_process_defaults()
-    dtype = runtime.resolve_dtype(cfg.dtype)
+    dtype = evaluation_dtype(cfg, model)
     source = lora_checkpoint(model)
     rank = adapter_rank(cfg, source[1], dtype, cuda=torch.cuda.is_available()) if source else 0
     merge = source if source and not rank else None
@@ -114,9 +115,28 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
 
 def adapter_rank(cfg, adapter: str, dtype: torch.dtype, *, cuda: bool) -> int:
     """The adapter's rank where vLLM applies it to the base, as training's rollout engine did (Config.pushes_adapter
-    at that rank: by default on a GPU outside float32); 0 where its float32 merge runs, as merged pushes do."""
+    at that rank, by default on a GPU outside float32), by the `lora_push` and dtype of the run that wrote it (its
+    run_config.json), else by `cfg`'s and `dtype`; 0 where its float32 merge runs, as merged pushes do."""
     rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
-    return rank if dataclasses.replace(cfg, lora_rank=rank).pushes_adapter(dtype, cuda=cuda) else 0
+    trained = run_config(adapter)
+    lora_push = trained.get("config", {}).get("lora_push", cfg.lora_push)
+    dtype = getattr(torch, trained["dtype"]) if "dtype" in trained else dtype
+    return rank if dataclasses.replace(cfg, lora_rank=rank, lora_push=lora_push).pushes_adapter(dtype, cuda=cuda) else 0
+
+
+def run_config(folder: str | Path) -> dict:
+    """The run_config.json of the training run that wrote a checkpoint's `policy/` or `adapter/` folder
+    (RUN/checkpoints/step-N/policy → RUN/run_config.json); {} for any other folder."""
+    folder = Path(folder)
+    path = folder.parent.parent.parent / "run_config.json"
+    return json.loads(path.read_text()) if folder.name in ("policy", "adapter") and path.exists() else {}
+
+
+def evaluation_dtype(cfg, model: str) -> torch.dtype:
+    """The dtype `model` was trained and sampled in, where it is a checkpoint with its run's run_config.json; else
+    the config's `dtype` as it resolves on this machine."""
+    trained = run_config(model)
+    return getattr(torch, trained["dtype"]) if "dtype" in trained else runtime.resolve_dtype(cfg.dtype)
 
 
 def lora_checkpoint(model: str) -> tuple[str, str] | None:
@@ -300,7 +320,7 @@ def _answer_suite(cfg, suite: str, items: list[suites.Item], eval_file: str, mod
     outputs = generate(cfg, model, [r["prompt_ids"] for r in rows], settings,
                        report.max_tokens + cfg.suite_max_tokens, cfg.suite_max_tokens)
     source = {"model": model, "sampling": settings, "max_new_tokens": cfg.suite_max_tokens, "seed": cfg.seed,
-              "dtype": str(runtime.resolve_dtype(cfg.dtype)).removeprefix("torch."),
+              "dtype": str(evaluation_dtype(cfg, model)).removeprefix("torch."),
               "system_prompt_indented": indent_system_prompt}
     return [_extracted(output) for output in outputs], source
 

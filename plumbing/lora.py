@@ -235,11 +235,10 @@ class AdapterPush:
         request = LoRARequest(f"policy-{self.count}", self.count, str(path))
         llm.llm_engine.add_lora(request)
         held = set(llm.llm_engine.list_loras())
-        with runtime.stop_together("the adapter's check", WeightSyncError):
-            if held != {self.count}:
-                raise WeightSyncError(f"adapter push failed: vLLM holds the adapters {sorted(held)}, not only the "
-                                      f"new {self.count}; the engine would not sample from the adapter being trained")
-            check_adapter(llm, model, state, self.count)
+        if held != {self.count}:
+            raise WeightSyncError(f"adapter push failed: vLLM holds the adapters {sorted(held)}, not only the "
+                                  f"new {self.count}; the engine would not sample from the adapter being trained")
+        check_adapter(llm, model, state, self.count)
         if self.request is not None:
             shutil.rmtree(self.request.lora_path, ignore_errors=True)
         self.request = request

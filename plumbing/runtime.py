@@ -7,12 +7,15 @@ they are in the environment when those libraries start.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import datetime
 import logging
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -59,6 +62,8 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
     `timeout_minutes` (`dist_timeout_minutes`) bounds every collective's wait; DeepSpeed's 10-minute default can
     end a run while the other ranks wait at `save_checkpoint`'s barrier for rank 0 to write `policy/`.
     """
+    if dist.is_initialized():  # canoe.train joins before `stop_together`, canoe.setup again
+        return dist.get_rank(), dist.get_world_size()
     single_process_defaults()
     timeout = {} if timeout_minutes is None else {"timeout": datetime.timedelta(minutes=timeout_minutes)}
     # While DeepSpeed starts: torch's first build of the shm op removes its lock, which would make later runs wait.
@@ -156,25 +161,80 @@ def broadcast_values(values: Sequence[float] | torch.Tensor, src: int = 0) -> li
     return vector.cpu().tolist()
 
 
+class RankFailed(SystemExit):
+    """This rank stops because another rank failed (`stop_together` has printed which one and why)."""
+
+
+STOP_KEY = "canoe/stop"  # in the process group's store: `STOP_KEY/rank-R` holds rank R's error, `/count` the failures
+POLL_S = 0.5  # how often each rank looks for another's failure (one store round trip)
+GRACE_S = 5.0  # how long a main thread may take to unwind before its process ends without clean-up
+
+
 @contextlib.contextmanager
-def stop_together(check: str, error: type[BaseException]):
-    """A check that every rank makes here, holding no collective: where `error` is raised on any rank, every rank
-    raises it, naming each failing rank and its reason, rather than the others waiting in their next collective
-    until the launcher kills them. Passing costs one all-reduce of one number; a world of one raises as it is."""
-    failure = None
+def stop_together():
+    """Around set-up and the training loop: an exception on any rank stops every rank within seconds, each saying
+    which rank failed and its error, instead of the others waiting in their next collective until the launcher or
+    `dist_timeout_minutes` ends them. The failing rank writes its error into the process group's store; a thread on
+    every other rank polls it, prints the error and interrupts its main thread (KeyboardInterrupt), which unwinds
+    as `RankFailed`; a main thread held in a collective never unwinds, so its process ends `GRACE_S` later. Free
+    while nothing fails: no collective, one store read per rank every `POLL_S`."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world == 1:
+        yield
+        return
+    store, rank = dist.distributed_c10d._get_default_store(), dist.get_rank()  # TCPStore: safe from two threads
+    done, lock, seen = threading.Event(), threading.Lock(), []
+    threading.Thread(target=_watch, args=(store, rank, world, done, lock, seen), daemon=True).start()
     try:
         yield
-    except error as caught:
-        failure = caught
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world > 1 and all_reduce_values([failure is not None], op=dist.ReduceOp.MAX)[0]:
-        reasons = [None] * world
-        dist.all_gather_object(reasons, None if failure is None else str(failure))
-        failed = {rank: reason for rank, reason in enumerate(reasons) if reason is not None}
-        raise error(f"{check} failed on rank {', '.join(map(str, failed))} of {world}; every rank stops."
-                    + "".join(f"\nrank {rank}: {reason}" for rank, reason in failed.items())) from failure
-    if failure is not None:
-        raise failure
+    except BaseException as error:
+        with lock:  # the watcher has seen another rank's failure, or it never will
+            done.set()
+        if seen:  # whatever this rank raised since comes from that failure
+            raise RankFailed(1) from None
+        _report(store, rank, world, error)
+        raise
+    finally:
+        done.set()
+
+
+def _report(store, rank: int, world: int, error: BaseException) -> None:
+    """Say, and tell every rank through the store, that this rank failed; then wait, `2 · GRACE_S` at most, until
+    the others have read it (rank 0's store ends with its process)."""
+    message = f"{type(error).__name__}: {error}"[:4000]
+    print(f"error: rank {rank} of {world} failed; every rank stops. {message}", file=sys.stderr, flush=True)
+    with contextlib.suppress(Exception):  # a store already gone: the original error goes on all the same
+        store.set(f"{STOP_KEY}/rank-{rank}", message)
+        store.add(f"{STOP_KEY}/count", 1)
+        deadline = time.monotonic() + 2 * GRACE_S
+        while (store.add(f"{STOP_KEY}/read", 0) < world - store.add(f"{STOP_KEY}/count", 0)
+               and time.monotonic() < deadline):
+            time.sleep(POLL_S / 5)
+
+
+def _watch(store, rank: int, world: int, done: threading.Event, lock: threading.Lock, seen: list) -> None:
+    """`stop_together`'s thread: until `done`, look for another rank's failure; on one, print it, count it read,
+    interrupt the main thread, and end the process if it is still there `GRACE_S` later."""
+    try:
+        while not done.wait(POLL_S):
+            with lock:
+                if done.is_set():
+                    return
+                if store.add(f"{STOP_KEY}/count", 0):
+                    seen.extend((r, store.get(f"{STOP_KEY}/rank-{r}").decode()) for r in range(world)
+                                if store.check([f"{STOP_KEY}/rank-{r}"]))
+                    break
+        else:
+            return
+        for other, message in seen:
+            print(f"error: rank {other} of {world} failed, so rank {rank} stops too. rank {other}: {message}",
+                  file=sys.stderr, flush=True)
+        store.add(f"{STOP_KEY}/read", 1)
+    except Exception:  # the store is gone: rank 0's process has ended, and with it the run
+        return
+    _thread.interrupt_main()
+    time.sleep(GRACE_S)
+    os._exit(1)
 
 
 def reduce_over_ranks(metrics: dict[str, float], *, keep: Collection[str] = (), sums: Collection[str] = (),

@@ -10,6 +10,8 @@ hooks:
 - `mid_checkpoint_N`: it dies while checkpoint N is written, before it is made the latest;
 - `avx2_machine`, `amx_machine`: the CPU reports the flags of an AVX2-only or of an AMX machine, so that `dtype = "auto"`
   resolves as it would there (runtime.cpu_flags);
+- `reward_error_on_rank_R`: the format reward raises on rank R (a reward written with a bug);
+- `save_error_on_rank_R`: writing the policy into a checkpoint raises on rank R (a full disk);
 - `record_greedy`: no fault, a record: after the last step (its push done) the rollout engine's greedy completions
   of the first training prompts go to OUTPUT_DIR/greedy.json, what the run's sampler holds at its end.
 """
@@ -20,11 +22,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import canoe  # noqa: E402
+import rewards  # noqa: E402
 import rollout  # noqa: E402
 from plumbing import checkpoint  # noqa: E402
 from plumbing import runtime  # noqa: E402
@@ -75,6 +79,21 @@ def crash_mid_checkpoint(step: int) -> None:
     checkpoint.publish = patched
 
 
+def error_on_rank(rank: int, names: dict, name: str, error: Exception):
+    """`names[name]` (a registry, or a module's `vars`) raises `error` on rank `rank`, the others run it as it is;
+    the moment it raises goes to stderr as "fault raised at T" (time.time()), for a test to time how soon every rank
+    stopped."""
+    original = names[name]
+
+    def patched(*args, **kwargs):
+        if int(os.environ.get("RANK", "0")) == rank:
+            print(f"fault raised at {time.time()}", file=sys.stderr, flush=True)
+            raise error
+        return original(*args, **kwargs)
+
+    names[name] = patched
+
+
 # /proc/cpuinfo flags of the two CPU kinds the project runs on (abridged to what runtime.choose_dtype reads).
 CPU_FLAGS = {"avx2": {"fpu", "sse4_2", "avx", "avx2", "fma"},
              "amx": {"fpu", "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "amx_tile", "amx_bf16"}}
@@ -106,11 +125,15 @@ def install(fault: str) -> None:
     faults = {"nan_loss": nan_loss, "corrupt_push": corrupt_push,
               "after_step": lambda: crash_after_step(int(number)),
               "mid_checkpoint": lambda: crash_mid_checkpoint(int(number)),
+              "reward_error_on_rank": lambda: error_on_rank(int(number), rewards.REWARD_FUNCS, "format",
+                                                            ValueError("a reward with a bug")),
+              "save_error_on_rank": lambda: error_on_rank(int(number), vars(checkpoint), "save_policy",
+                                                          OSError(28, "No space left on device")),
               "avx2_machine": lambda: fake_cpu("avx2"), "amx_machine": lambda: fake_cpu("amx"),
               "record_greedy": record_greedy}
     if name not in faults:
         raise SystemExit(f"unknown fault {fault!r}; known: nan_loss, corrupt_push, after_step_N, mid_checkpoint_N, "
-                         "avx2_machine, amx_machine, record_greedy")
+                         "reward_error_on_rank_R, save_error_on_rank_R, avx2_machine, amx_machine, record_greedy")
     faults[name]()
 
 

@@ -6,7 +6,8 @@ Samples a short rollout from the engine as training makes it (`rollout.make_engi
 `rollout.generate_stage1`, then scores the sampled tokens with the transformers model through
 `grpo_loss.completion_logprobs` on the packed micro-batch, once at the sampling temperature and once at τ = 1.
 Prints one JSON line: for each, whether the probe check (`weight_sync.check_sync` at float32's tolerance) passes
-on the rollout's tokens, and the largest gap.
+on the rollout's tokens, and the largest gap; and whether the same rollout asked without log-probabilities (as
+stage 2 asks) draws the same tokens.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ def main(model_dir: str, temperature: str = "0.7") -> None:
         except weight_sync.WeightSyncError:
             passed = False
         result[name] = {"passed": passed, "gap": float((vllm - trainer).abs().max())}
+    # Stage 2 asks for no log-probabilities: the same draw, none returned.
+    again = rollout._sample(llm, prompts, 2, rollout.request_seed(0, "stage1", 0, 0), temperature=tau, top_p=1.0,
+                            max_tokens=16, logprobs=False)
+    result["without_logprobs"] = {"same_tokens": [c.token_ids for c in again] == [c.token_ids for c in completions],
+                                  "logprobs": sum(len(c.logprobs) for c in again)}
     print("RESULT " + json.dumps(result), flush=True)
 
 

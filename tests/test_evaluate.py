@@ -213,3 +213,60 @@ def test_the_engine_runs_the_float32_merge_and_the_merge_is_removed_afterwards(t
     assert (merged_from, adapter) == (str(base), str(policy.parent / "adapter"))
     assert model == str(target) and target.parent.parent == policy.parent and kwargs["lora_rank"] == 0
     assert kwargs["dtype"] == "bfloat16" and not target.exists()  # the merge lived as long as the engine's work
+
+
+def trained_checkpoint(tmp_path: Path, lora_push: str, dtype: str) -> tuple[Path, Path]:
+    """A LoRA checkpoint where a run writes it, RUN/checkpoints/step-N/{policy,adapter}, beside its run's
+    run_config.json, as metrics.write_run_info writes it: the run's config (its `lora_push`) and resolved dtype."""
+    base, _ = lora_checkpoint(tmp_path)
+    step = tmp_path / "run" / "checkpoints" / "step-000002"
+    (step / "policy").mkdir(parents=True)
+    (step / "adapter").mkdir()
+    (step / "policy" / "config.json").write_text(json.dumps({"dtype": dtype}))
+    (step / "adapter" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base), "r": 4}))
+    (tmp_path / "run" / "run_config.json").write_text(json.dumps({"config": {"lora_push": lora_push},
+                                                                  "dtype": dtype}))
+    return base, step / "policy"
+
+
+@pytest.mark.parametrize("lora_push, dtype", [("merged", "bfloat16"), ("auto", "float32")])
+def test_a_checkpoint_is_evaluated_as_its_own_run_sampled_not_as_the_evaluations_config_says(
+        tmp_path, monkeypatch, lora_push, dtype):
+    """On a (stand-in) GPU the evaluation's config, `dtype = "auto"` and `lora_push = "auto"`, would apply the adapter
+    in bfloat16. A run that pushed merged weights (`lora_push = "merged"`), or trained in float32 (where "auto"
+    merges), sampled from the float32 merge in its own dtype: the evaluation must do the same."""
+    import rollout
+    from config import Config
+
+    base, policy = trained_checkpoint(tmp_path, lora_push, dtype)
+    engines, merges = [], []
+
+    class Engine:
+        def generate(self, prompts, params, use_tqdm=True, lora_request=None):
+            assert lora_request is None  # the engine holds the merge
+            return [type("Out", (), {"outputs": [type("Sample", (), {"text": "x"})]}) for _ in prompts]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(evaluate, "merge_in_float32", lambda *args: merges.append(args) or args[2].mkdir())
+    monkeypatch.setattr(rollout, "make_engine", lambda model, **kwargs: engines.append((model, kwargs)) or Engine())
+    cfg = Config(dtype="auto", lora_push="auto", response_prefix="")
+    assert evaluate.adapter_rank(cfg, str(policy.parent / "adapter"), torch.bfloat16, cuda=True) == 0
+    assert evaluate.generate(cfg, str(policy), [[1, 2]], {}, 64, 4) == ["x"]
+    ((model, kwargs),) = engines
+    ((merged_from, adapter, target),) = merges
+    assert (merged_from, adapter, model) == (str(base), str(policy.parent / "adapter"), str(target))
+    assert kwargs["lora_rank"] == 0 and kwargs["dtype"] == dtype
+
+
+def test_without_a_run_config_the_evaluations_config_decides(tmp_path, monkeypatch):
+    """A checkpoint copied away from its run (no run_config.json): `cfg` and the machine decide, as before."""
+    from config import Config
+
+    _, policy = trained_checkpoint(tmp_path, "merged", "float32")
+    (tmp_path / "run" / "run_config.json").unlink()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    cfg = Config(dtype="auto", lora_push="auto")
+    assert evaluate.adapter_rank(cfg, str(policy.parent / "adapter"), torch.bfloat16, cuda=True) == 4
+    assert evaluate.evaluation_dtype(cfg, str(policy)) == torch.bfloat16

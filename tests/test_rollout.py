@@ -243,7 +243,7 @@ SMOLLM2 = Path(__file__).resolve().parent.parent / "models" / "SmolLM2-135M-Inst
 def test_vllm_logprobs_of_its_samples_are_the_trainers_at_the_sampling_temperature():
     """At τ = 0.7 the engine returns the log-probabilities of the distribution that drew each token (processed,
     after the temperature), which the trainer's π at τ matches within the float32 probe tolerance; the trainer's
-    unscaled π (or vLLM's raw values) would miss by far more."""
+    unscaled π (or vLLM's raw values) would miss by far more. Asked for none (stage 2), it draws the same tokens."""
     import subprocess
     import sys
 
@@ -256,6 +256,7 @@ def test_vllm_logprobs_of_its_samples_are_the_trainers_at_the_sampling_temperatu
     assert result["tokens"] >= 8
     assert result["tempered"]["passed"] and result["tempered"]["gap"] <= 1e-3
     assert not result["unscaled"]["passed"] and result["unscaled"]["gap"] > 0.1
+    assert result["without_logprobs"] == {"same_tokens": True, "logprobs": 0}  # stage 2's way: the draw unchanged
 
 
 class V2SamplingEngine:

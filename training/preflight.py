@@ -66,13 +66,12 @@ def check_fits(cfg: Config, num_parameters: int, dtype, trainable: int | None = 
         return
     need = host_bytes_needed(cfg, num_parameters, num_parameters if trainable is None else trainable, dtype, world)
     have = psutil.virtual_memory().available / runtime.ranks_on_this_node()  # a node's own, read at its own time
-    with runtime.stop_together("the host memory check", SystemExit):
-        if need > have:
-            lora = "" if cfg.lora_rank else "lora_rank > 0 (LoRA), "
-            raise SystemExit(
-                f"error: the policy ({num_parameters / 1e9:.2f} B parameters) needs about {need / 2**30:.1f} GiB of "
-                f"host memory per rank before activations, but {have / 2**30:.1f} GiB are available; use {lora}"
-                f"zero_stage = 3, offload_optimizer = true, more GPUs or a smaller model")
+    if need > have:
+        lora = "" if cfg.lora_rank else "lora_rank > 0 (LoRA), "
+        raise SystemExit(
+            f"error: the policy ({num_parameters / 1e9:.2f} B parameters) needs about {need / 2**30:.1f} GiB of "
+            f"host memory per rank before activations, but {have / 2**30:.1f} GiB are available; use {lora}"
+            f"zero_stage = 3, offload_optimizer = true, more GPUs or a smaller model")
 
 
 def check_engine_can_start(cfg: Config) -> None:
@@ -80,9 +79,8 @@ def check_engine_can_start(cfg: Config) -> None:
     condition (docs/library-notes.md, "Start-up memory"), said in our words before vLLM says it in its own."""
     torch.cuda.empty_cache()  # blocks the trainer freed while loading count as used until released
     free, total = torch.cuda.mem_get_info()
-    with runtime.stop_together("vLLM's start-up check", SystemExit):
-        if free < cfg.vllm_gpu_memory_utilization * total:
-            raise SystemExit(
-                f"error: vLLM needs vllm_gpu_memory_utilization × {total / 2**30:.1f} GiB = "
-                f"{cfg.vllm_gpu_memory_utilization * total / 2**30:.1f} GiB free to start, but the trainer left "
-                f"{free / 2**30:.1f} GiB; `python canoe.py --config ... --plan-memory` shows the share that fits")
+    if free < cfg.vllm_gpu_memory_utilization * total:
+        raise SystemExit(
+            f"error: vLLM needs vllm_gpu_memory_utilization × {total / 2**30:.1f} GiB = "
+            f"{cfg.vllm_gpu_memory_utilization * total / 2**30:.1f} GiB free to start, but the trainer left "
+            f"{free / 2**30:.1f} GiB; `python canoe.py --config ... --plan-memory` shows the share that fits")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 import grpo_loss
-from plumbing import lora, runtime, weight_sync
+from plumbing import lora, weight_sync
 from training import packing
 
 
@@ -50,9 +50,9 @@ class WeightPush:
 
     def __call__(self, engine, *, asleep: bool = True) -> dict[str, float]:
         """Push `engine`'s weights (a DeepSpeed engine or a plain model), verify them and return the `sync/` and
-        `time/` metrics and the training phase's `memory/peak_gib`; raises weight_sync.WeightSyncError on every rank
-        when they did not arrive on one. With `asleep=False` the engine is known to be awake (a resumed run's first
-        push)."""
+        `time/` metrics and the training phase's `memory/peak_gib`; raises weight_sync.WeightSyncError when they
+        did not arrive (canoe.train's `runtime.stop_together` then stops every rank). With `asleep=False` the
+        engine is known to be awake (a resumed run's first push)."""
         start = time.perf_counter()
         model = getattr(engine, "module", engine)
         sleeping = self.sleep and asleep
@@ -72,9 +72,8 @@ class WeightPush:
         if self.merged:  # outside float32: how much of the update arrives
             metrics |= self.merged.metrics()
         if sums is not None:  # over what the push sent
-            with runtime.stop_together("the weight sums' check", weight_sync.WeightSyncError):
-                metrics["sync/weight_sums_gap"] = weight_sync.check_weight_sums(
-                    sums, weight_sync.engine_weight_sums(self.llm, sums.scope))
+            metrics["sync/weight_sums_gap"] = weight_sync.check_weight_sums(
+                sums, weight_sync.engine_weight_sums(self.llm, sums.scope))
         weight_sync.wake_kv_cache(self.llm, sleeping)
         sums_said = "were not compared (float32)" if sums is None else "matched: every pushed value landed bit for bit"
         metrics |= self.check_probe(engine, sums_said)
@@ -90,5 +89,4 @@ class WeightPush:
             trainer = grpo_loss.completion_logprobs(engine, packing.pack([(prompt, [completion])], device))[0]
         engine.train()
         vllm = weight_sync.vllm_token_logprobs(self.llm, prompt, completion, self.lora_request)
-        with runtime.stop_together("the probe's check", weight_sync.WeightSyncError):
-            return weight_sync.check_sync(vllm, trainer, self.tolerance, sums_said)
+        return weight_sync.check_sync(vllm, trainer, self.tolerance, sums_said)
