@@ -4,7 +4,6 @@ differences, and the merged push into the real CPU vLLM engine (end-to-end runs:
 from __future__ import annotations
 
 import copy
-import doctest
 import json
 import subprocess
 import sys
@@ -37,10 +36,6 @@ def adapted(model=None, rank: int = 4, alpha: float = 8.0, seed: int = 1) -> Pef
             if "lora_B" in name:
                 param.copy_(0.1 * torch.randn(param.shape, generator=generator, dtype=param.dtype))
     return wrapped
-
-
-def test_doctests():
-    assert doctest.testmod(lora).failed == 0
 
 
 def test_the_pushed_weight_is_w_plus_alpha_over_r_times_b_a():
