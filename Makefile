@@ -65,8 +65,9 @@ compare: setup data
 	@test -n "$(CONFIG)" || { echo 'usage: make compare CONFIG=recipes/my-idea.toml [SEEDS="42 7 1234"] [BASELINE=config.toml] [BENCHMARKS=DIR]'; exit 2; }
 	$(PY) bench/compare.py --config $(CONFIG) --seeds $(SEEDS) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
+# -rs: the summary lists every skipped test with its reason (a missing set-up step fails instead: tests/conftest.py).
 test: setup
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -rs
 
 # The benchmarks of bench/RESULTS.md (the step benchmark installs TRL into its own .venv-trl first).
 bench: setup data bench-setup-trl
