@@ -26,6 +26,7 @@ SMOKE_MODEL = ROOT / "models" / "smoke-llama"
 # What a busy 2-core machine (the suite beside other work) may add to a timed call: scheduling, a worker's restart.
 # Each bound below stays far under the time of what it guards against (a hang of minutes, a quadratic scan).
 LOADED_S = 3.0
+DEADLINE_S = 1.0  # the shared grader's per-sample deadline (`math_grader`)
 SETUP_STEPS = ("make setup", "make models")  # a skip whose reason names one of these lacks what set-up makes
 
 
@@ -53,6 +54,16 @@ def torch_linear_restored():
     linear = torch.nn.functional.linear
     yield
     torch.nn.functional.linear = linear
+
+
+@pytest.fixture(scope="session")
+def math_grader():
+    """One grading pool for every file that grades: 2 workers, a DEADLINE_S deadline, R1-Zero's grader loaded. The
+    tests that time out, crash or kill its workers read its counters as differences and wait for replacements."""
+    from grading.grader import MathGrader
+
+    with MathGrader(workers=2, deadline_s=DEADLINE_S, r1=True) as shared:
+        yield shared
 
 
 @pytest.fixture(scope="session")

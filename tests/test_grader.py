@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from conftest import LOADED_S
+from conftest import DEADLINE_S, LOADED_S
 
 from grading import grader
 from grading import r1_grader
@@ -17,14 +17,7 @@ from grading.deadline import DeadlinePool, WorkerStartError
 from grading.grader import MathGrader, needs_math_verify, prepare_span, reads_as_text
 from grading.r1_grader import last_boxed, normalize_math_answer, sympy_equivalent
 
-DEADLINE_S = 1.0
 HANG = "10000000!"  # math-verify computes the factorial when comparing: a genuine hang (minutes)
-
-
-@pytest.fixture(scope="module")
-def math_grader():
-    with MathGrader(workers=2, deadline_s=DEADLINE_S, r1=True) as shared:
-        yield shared
 
 
 # ------------------------------------------------------------------------------------------------ text or math

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from conftest import LOADED_S
+from conftest import DEADLINE_S, LOADED_S
 
 import rewards
-from grading.grader import MathGrader
 from rewards import (
     REWARD_FUNCS,
     REWARD_ISSUES,
@@ -30,13 +29,6 @@ from rewards import (
 CASES_DIR = Path(__file__).resolve().parent / "cases"
 CANOE_CASES = json.loads((CASES_DIR / "canoe_reward_cases.json").read_text())
 R1_CASES = json.loads((CASES_DIR / "r1_zero_cases.json").read_text())
-DEADLINE_S = 1.0
-
-
-@pytest.fixture(scope="module")
-def math_grader():
-    with MathGrader(workers=2, deadline_s=DEADLINE_S, r1=True) as shared:
-        yield shared
 
 
 def chat(text):
