@@ -90,7 +90,8 @@ def main(model_dir: str, mode: str) -> None:
     without = check(llm, prompt, completion, expected)
     weight_sync.push_weights(llm, lora.policy_weights(model, zero_stage=2))
     merged = check(llm, prompt, completion, expected)
-    print("RESULT " + json.dumps({"unmerged": without, "merged": merged, "packed": llm.collective_rpc(kernels_read_a_copy)[0],
+    packed = llm.collective_rpc(kernels_read_a_copy)[0]
+    print("RESULT " + json.dumps({"unmerged": without, "merged": merged, "packed": packed,
                                   "packed_said": weight_sync.cpu_kernels_are_packed()}), flush=True)
 
 
