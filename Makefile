@@ -89,8 +89,9 @@ screen: setup data
 	@test -n "$(CONFIG)" || { echo 'usage: make screen CONFIG=recipes/my-idea.toml [SEED=42] [BENCHMARKS=DIR]'; exit 2; }
 	$(PY) bench/compare.py --screen --config $(CONFIG) --seeds $(SEED) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
+# -rs: the summary lists every skipped test with its reason (a missing set-up step fails instead: tests/conftest.py).
 test: setup
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -rs
 
 # The benchmarks of bench/RESULTS.md (the step benchmark installs TRL into its own .venv-trl first).
 bench: setup data bench-setup-trl

@@ -13,7 +13,9 @@ hooks:
 - `reward_error_on_rank_R`: the format reward raises on rank R (a reward written with a bug);
 - `save_error_on_rank_R`: writing the policy into a checkpoint raises on rank R (a full disk);
 - `record_greedy`: no fault, a record: after the last step (its push done) the rollout engine's greedy completions
-  of the first training prompts go to OUTPUT_DIR/greedy.json, what the run's sampler holds at its end.
+  of the first training prompts go to OUTPUT_DIR/greedy.json, what the run's sampler holds at its end;
+- `record_prompts`: no fault, a record: every rank appends the problems of each step's batch to
+  OUTPUT_DIR/prompts-rank-R.jsonl (samples.jsonl holds rank 0's alone).
 """
 
 from __future__ import annotations
@@ -120,6 +122,18 @@ def record_greedy(prompts: int = 3) -> None:
     canoe.train_step = patched
 
 
+def record_prompts() -> None:
+    original = canoe.train_step
+
+    def patched(run):
+        step = original(run)
+        with open(run.out / f"prompts-rank-{run.rank}.jsonl", "a") as f:
+            f.write(json.dumps({"step": run.step, "problems": [row["problem"] for row in step.rollout.rows]}) + "\n")
+        return step
+
+    canoe.train_step = patched
+
+
 def install(fault: str) -> None:
     name, _, number = fault.rpartition("_") if fault[-1].isdigit() else (fault, "", "")
     faults = {"nan_loss": nan_loss, "corrupt_push": corrupt_push,
@@ -130,10 +144,11 @@ def install(fault: str) -> None:
               "save_error_on_rank": lambda: error_on_rank(int(number), vars(checkpoint), "save_policy",
                                                           OSError(28, "No space left on device")),
               "avx2_machine": lambda: fake_cpu("avx2"), "amx_machine": lambda: fake_cpu("amx"),
-              "record_greedy": record_greedy}
+              "record_greedy": record_greedy, "record_prompts": record_prompts}
     if name not in faults:
         raise SystemExit(f"unknown fault {fault!r}; known: nan_loss, corrupt_push, after_step_N, mid_checkpoint_N, "
-                         "reward_error_on_rank_R, save_error_on_rank_R, avx2_machine, amx_machine, record_greedy")
+                         "reward_error_on_rank_R, save_error_on_rank_R, avx2_machine, amx_machine, record_greedy, "
+                         "record_prompts")
     faults[name]()
 
 

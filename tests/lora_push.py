@@ -38,7 +38,7 @@ from plumbing import lora  # noqa: E402
 import rollout  # noqa: E402
 from plumbing import weight_sync  # noqa: E402
 from config import LORA_TARGETS  # noqa: E402
-from packed_push import check, trainer_logprobs  # noqa: E402
+from packed_push import check, kernels_read_a_copy, trainer_logprobs  # noqa: E402
 
 
 RANK = 8
@@ -90,8 +90,9 @@ def main(model_dir: str, mode: str) -> None:
     without = check(llm, prompt, completion, expected)
     weight_sync.push_weights(llm, lora.policy_weights(model, zero_stage=2))
     merged = check(llm, prompt, completion, expected)
-    print("RESULT " + json.dumps({"unmerged": without, "merged": merged, "packed": weight_sync.cpu_kernels_are_packed()}),
-          flush=True)
+    packed = llm.collective_rpc(kernels_read_a_copy)[0]
+    print("RESULT " + json.dumps({"unmerged": without, "merged": merged, "packed": packed,
+                                  "packed_said": weight_sync.cpu_kernels_are_packed()}), flush=True)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,15 @@ def trainer_logprobs(model, prompt: list[int], completion: list[int]) -> torch.T
     return logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None])[:, 0]  # (T,)
 
 
+def kernels_read_a_copy(worker) -> bool:
+    """Whether the engine's linear kernels compute from a copy of their weight, read from vLLM itself (on each worker,
+    `collective_rpc`): given a zero weight, the first linear layer's kernel still gives x·Wᵀ, not 0."""
+    layer = next(m for m in worker.model_runner.model.modules() if hasattr(m, "cpu_linear") and m.weight.numel())
+    x = torch.ones(1, layer.weight.shape[1], dtype=layer.weight.dtype)  # (1, K)
+    with torch.no_grad():
+        return bool(layer.cpu_linear(x, torch.zeros_like(layer.weight), None).abs().sum() > 0)
+
+
 def check(llm, prompt, completion, expected, tolerance: float = SYNC_TOLERANCE[torch.float32]) -> dict:
     vllm = weight_sync.vllm_token_logprobs(llm, prompt, completion)
     try:
@@ -69,7 +78,8 @@ def main(model_dir: str, dtype_name: str = "float32") -> None:
     without = check_after(llm, weights, prompt, completion, expected, tolerance, repack=False)
     with_repack = check_after(llm, weights, prompt, completion, expected, tolerance, repack=None)  # the default
     print("RESULT " + json.dumps({"without_repack": without, "with_repack": with_repack,
-                                  "packed": weight_sync.cpu_kernels_are_packed()}), flush=True)
+                                  "packed": llm.collective_rpc(kernels_read_a_copy)[0],
+                                  "packed_said": weight_sync.cpu_kernels_are_packed()}), flush=True)
 
 
 def check_after(llm, weights, prompt, completion, expected, tolerance, *, repack) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -128,7 +129,7 @@ def test_examples_are_pairs_of_text_set_instead_of_the_single_example(tmp_path):
 def test_ints_are_accepted_for_floats_and_config_is_frozen(tmp_path):
     cfg = load_config(write(tmp_path, "beta = 0\nlearning_rate = 1e-5\n"))
     assert cfg.beta == 0.0 and isinstance(cfg.beta, float)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'beta'"):
         cfg.beta = 1.0  # type: ignore[misc]
 
 

@@ -1,7 +1,8 @@
 """Dynamic sampling (variants.dynamic_sampling): flat groups are replaced by varied groups of newly drawn prompts.
 
 The rollouts are stand-ins (a table of scripted rewards per prompt) and the all-reduce a stand-in that can say
-another rank still holds a flat group; the real path runs end to end in tests/test_train.py (two ranks).
+another rank still holds a flat group (the ranks' agreement is tested here only); the real path runs end to end on
+one rank in tests/test_train.py (test_dynamic_sampling_draws_again_and_the_sampler_counts_every_draw).
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ differences, and the merged push into the real CPU vLLM engine (end-to-end runs:
 from __future__ import annotations
 
 import copy
-import doctest
 import json
 import subprocess
 import sys
@@ -37,10 +36,6 @@ def adapted(model=None, rank: int = 4, alpha: float = 8.0, seed: int = 1) -> Pef
             if "lora_B" in name:
                 param.copy_(0.1 * torch.randn(param.shape, generator=generator, dtype=param.dtype))
     return wrapped
-
-
-def test_doctests():
-    assert doctest.testmod(lora).failed == 0
 
 
 def test_the_pushed_weight_is_w_plus_alpha_over_r_times_b_a():
@@ -159,7 +154,7 @@ def test_a_merged_push_lands_in_the_real_cpu_engine_and_an_unmerged_one_fails_th
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
-    assert result["packed"]  # vLLM's packed CPU kernels, as training uses them
+    assert result["packed"] and result["packed_said"]  # vLLM's kernels compute from a packed copy; weight_sync knows
     assert not result["unmerged"]["passed"] and result["unmerged"]["gap"] > 1e-2
     assert result["merged"]["passed"] and result["merged"]["gap"] <= 1e-3
 

@@ -221,7 +221,7 @@ ADAPTED = [("every projection", config.LORA_TARGETS), ("q and v", ["q_proj", "v_
 
 
 @pytest.mark.parametrize("targets", [t for _, t in ADAPTED], ids=[name for name, _ in ADAPTED])
-def test_the_planned_layer_is_what_autograd_saves(targets, monkeypatch):
+def test_the_planned_layer_is_what_autograd_saves(targets):
     """One decoder layer of the default model's sizes, built as training builds it (bfloat16 base, LoRA of the
     default's rank in float32, or every weight trained in bfloat16), forward over a packed micro-batch of L = 42
     tokens: the bytes of every tensor autograd saves for backward, each storage once, equal the plan's count of a
@@ -231,9 +231,7 @@ def test_the_planned_layer_is_what_autograd_saves(targets, monkeypatch):
     from peft import PeftModel
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    # A ZeRO-3 engine built earlier in this process (other tests) leaves DeepSpeed's own F.linear installed for good,
-    # which saves other tensors; this is the default's ZeRO-2 layer, so torch's F.linear.
-    monkeypatch.setattr(torch.nn.functional, "linear", getattr(ZeroInit, "linear_bk", torch.nn.functional.linear))
+    assert torch.nn.functional.linear is getattr(ZeroInit, "linear_bk", torch.nn.functional.linear)  # conftest.py
     cfg = dataclasses.replace(load_config(ROOT / "config.toml"), lora_rank=16 if targets else 0,
                               lora_target_modules=targets or config.LORA_TARGETS)
     assert optimizer.deepspeed_config(cfg, 1, torch.bfloat16, train=True)["bf16"]["enabled"] == (not targets)

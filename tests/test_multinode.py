@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_train import ROOT, SMOKE_MODEL, check_run, free_port, read_jsonl, write_config
+from test_train import ROOT, SMOKE_MODEL, check_ranks_drew_apart, check_run, free_port, read_jsonl, write_config
 from test_train import smoke_data  # noqa: F401  (a fixture: pytest finds it by its name in this module)
 
 pytestmark = pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
@@ -31,11 +31,12 @@ TIMEOUT_S = 900  # both launchers together; a hang fails the test instead of blo
 
 
 def node_command(node: int, hostfile: Path, port: int, config: Path) -> list[str]:
-    """The per-node command of docs/multinode.md for the case without ssh, for node `node` of NODES with one rank each."""
+    """The per-node command of docs/multinode.md for the case without ssh, for node `node` of NODES with one rank each;
+    canoe.py is run through tests/faults.py's record_prompts, which only records each rank's prompts."""
     return [str(ROOT / ".venv" / "bin" / "deepspeed"), "--hostfile", str(hostfile), "--no_ssh",
             "--num_nodes", str(NODES), "--node_rank", str(node), "--num_gpus", "1",
             "--master_addr", "127.0.0.1", "--master_port", str(port),
-            str(ROOT / "canoe.py"), "--config", str(config)]
+            str(ROOT / "tests" / "faults.py"), "--fault", "record_prompts", "--config", str(config)]
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -150,6 +151,7 @@ def test_two_nodes_without_ssh(tmp_path, smoke_data):  # noqa: F811
     # one metrics.jsonl, written by rank 0 alone: steps 1 and 2 once each; and the run checks of test_train
     assert sorted(tmp_path.rglob("metrics.jsonl")) == [run / "metrics.jsonl"]
     check_run(run, 2)
+    check_ranks_drew_apart(run, ranks=NODES, steps=2)  # and this is test_train's two-rank ZeRO-2 run as well
     # samples.jsonl holds rank 0's 2 prompts × 4 completions per step, once
     assert Counter(s["step"] for s in read_jsonl(run / "samples.jsonl")) == {1: 8, 2: 8}
 

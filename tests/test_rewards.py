@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from conftest import DEADLINE_S, LOADED_S
 
 import rewards
 from config import known_rewards
-from grading.grader import MathGrader
 from rewards import (
     REWARD_FUNCS,
     REWARD_ISSUES,
@@ -30,13 +30,6 @@ from rewards import (
 CASES_DIR = Path(__file__).resolve().parent / "cases"
 CANOE_CASES = json.loads((CASES_DIR / "canoe_reward_cases.json").read_text())
 R1_CASES = json.loads((CASES_DIR / "r1_zero_cases.json").read_text())
-DEADLINE_S = 1.0
-
-
-@pytest.fixture(scope="module")
-def math_grader():
-    with MathGrader(workers=2, deadline_s=DEADLINE_S, r1=True) as shared:
-        yield shared
 
 
 def chat(text):
@@ -83,10 +76,29 @@ def r1_values(case, fast, math_grader):
     return [result["format_reward"], result["answer_reward"], result["reward"]]
 
 
+# The fast grade of each case whose band in the case file is [0, 1], by SPEC's fast rules (normalised strings or
+# sympy; tuples in order): 1 where sympy or a normalisation rule shows the two equal, 0 where only math-verify would.
+FAST_ANSWER = {"unreduced_frac": 1.0,  # sympy: 2/4 = 1/2
+               "unreduced_slash": 1.0,  # sympy: 2/4 = 1/2
+               "xy_eq_5": 1.0,  # the "x =" prefix rule drops "xy ="
+               "list_order": 0.0,  # tuples are compared element by element, in order
+               "power_brace": 1.0,  # sympy: 10^3 = 1000
+               "handout_clips_right_sentence": 0.0,  # no rule takes a number out of a sentence
+               "apples_trailing_period": 1.0,  # the unit word "apples" and the trailing period go
+               "frac_sum_num_vs_int": 1.0,  # sympy: (1 + 3) / 2 = 2
+               "int_gt_vs_expr": 1.0}  # sympy: 2 + 3 = 5
+
+
 @pytest.mark.parametrize("case", R1_CASES, ids=[c["id"] for c in R1_CASES])
 def test_r1_case_fast(case, math_grader):
     values = r1_values(case, True, math_grader)
     assert all(low <= v <= high for low, v, high in zip(case["fast_at_least"], values, case["expected"])), values
+    if case["fast_at_least"] != case["expected"]:  # a band: the fast grade is pinned to one end of it
+        assert values == [1.0, FAST_ANSWER[case["id"]], FAST_ANSWER[case["id"]]], values
+
+
+def test_every_band_of_the_fast_grade_is_pinned():
+    assert {c["id"] for c in R1_CASES if c["fast_at_least"] != c["expected"]} == set(FAST_ANSWER)
 
 
 @pytest.mark.parametrize("case", R1_CASES, ids=[c["id"] for c in R1_CASES])
@@ -154,7 +166,7 @@ def test_format_is_linear_on_hostile_tags():
     text = "<think>" + "</think> " * 100_000 + "</long_answer>" * 100_000 + "</answer>"
     start = time.monotonic()
     assert format_reward([chat(text)]) == [0.0]
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 1.0 + LOADED_S  # a quadratic scan of 200 000 tags takes minutes
 
 
 def test_influence_extra():
@@ -389,7 +401,7 @@ def test_hostile_inputs_give_zero_and_never_raise(math_grader):
         "length": len_reward(entries, ["<context>" + "x" * 10 + "</context>"] * n),
         "accuracy_bad_solution": accuracy_reward(entries, ([None, 1, ["x"]] * n)[:n], grader=math_grader),
     }
-    assert time.monotonic() - start < 10.0
+    assert time.monotonic() - start < 10.0 + LOADED_S
     for name, values in results.items():
         assert len(values) == n, name
         assert set(values) <= {0.0, 1.0}, name
@@ -414,7 +426,7 @@ def test_hostile_r1_inputs(math_grader):
             response = text if not isinstance(text, str) else f"<think>r</think> <answer>{text}</answer>"
             start = time.monotonic()
             result = r1_zero_reward_fn(response, "1", fast=fast, grader=math_grader)
-            assert time.monotonic() - start < DEADLINE_S + 3.0  # + a replacement worker's start-up
+            assert time.monotonic() - start < DEADLINE_S + 3.0 + LOADED_S  # + a replacement worker's start-up
             assert set(result.values()) <= {0.0, 1.0}
     assert math_grader.errors == errors_before  # no job raised: odd input is handled, not an error
 
@@ -441,8 +453,8 @@ def test_property_rewards_never_raise_nor_overrun(math_grader, samples):
                     grader=math_grader)
         assert len(values) == n and set(values) <= {0.0, 1.0}, name
     # each math pair runs under the deadline; a killed worker's replacement may add its start-up once
-    assert time.monotonic() - start < n * (DEADLINE_S + 0.5) + 3.0
-    assert math_grader.slowest_s < DEADLINE_S + 0.5
+    assert time.monotonic() - start < n * (DEADLINE_S + 0.5) + 3.0 + LOADED_S
+    assert math_grader.slowest_s < DEADLINE_S + LOADED_S
     assert issues_added(before) == {}  # every input here is in the documented shape
     gold, pred = samples[0]
     result = r1_zero_reward_fn(f"<think>r</think> <answer>{pred}</answer>", gold, fast=False, grader=math_grader)

@@ -71,7 +71,8 @@ def test_extract_long_answer(text, expected):
 
 
 def test_doctests():
-    assert doctest.testmod(rollout).failed == 0
+    result = doctest.testmod(rollout)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_check_sync_passes_within_tolerance_and_reports_the_gaps():
@@ -178,7 +179,7 @@ def test_push_into_the_packed_cpu_engine_lands_only_with_the_repack():
     """vLLM's packed CPU kernels read a copy of each weight made at load time: a perturbed push must fail the
     probe check when the kernels are not rebuilt, and pass it when `push_weights` rebuilds them (its default)."""
     result = packed_push("float32")
-    assert result["packed"] is True
+    assert result["packed"] is result["packed_said"] is True  # read from vLLM's kernels, and what weight_sync says
     assert result["without_repack"]["passed"] is False and result["without_repack"]["gap"] > 1e-2
     assert "trimmed maximum" in result["without_repack"]["message"]
     assert result["with_repack"]["passed"] is True and result["with_repack"]["gap"] <= 1e-3
@@ -318,7 +319,6 @@ def test_prompt_seeds_fit_vllm_and_the_cpu_path_sends_none(monkeypatch):
              for i in range(4)]
     assert len(set(seeds)) == len(seeds) and all(0 <= s < 2**62 for s in seeds)
     assert SamplingParams(n=7, seed=max(seeds)).seed == max(seeds)  # vLLM takes it as it is
-    assert rollout.seeds_per_request() is torch.cuda.is_available()
     seen = []
 
     class Recording(V2SamplingEngine):

@@ -144,21 +144,30 @@ def cuda_kernels(monkeypatch):
     monkeypatch.setattr(weight_sync, "cpu_kernels_are_packed", lambda: False)
 
 
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 @pytest.fixture(scope="module")
 def process_group():
+    """A gloo group of one rank in this process (made once; torch keeps it for the session), and while the module
+    runs the launcher's variables that `deepspeed.initialize` reads (LOCAL_RANK); they are restored after it."""
+    saved = {key: os.environ.get(key) for key in LAUNCHER_VARIABLES}
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
     if not dist.is_initialized():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                           ("MASTER_PORT", str(port))):
-            os.environ.setdefault(key, value)
+            os.environ.setdefault("MASTER_PORT", str(s.getsockname()[1]))
         deepspeed.init_distributed(dist_backend="gloo")
-        # The process group holds this port from now on: a later test's `canoe.py` subprocess must not inherit it
-        # (it would fail with EADDRINUSE), so the variable is dropped once the group exists.
-        if os.environ.get("MASTER_PORT") == str(port):
-            del os.environ["MASTER_PORT"]
+    # The group holds the port from now on: a test's `canoe.py` subprocess must not inherit it (EADDRINUSE).
+    if saved["MASTER_PORT"] is None:
+        os.environ.pop("MASTER_PORT", None)
     yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def make_run(tmp_path, sleep: bool, policy: torch.nn.Module | None = None,

@@ -11,6 +11,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from conftest import LOADED_S
 
 import data
 import rewards
@@ -63,7 +64,7 @@ def test_tag_content_is_linear_on_unclosed_tags():
     text = "<answer>" * 200_000
     start = time.monotonic()
     assert answer_span(text) == text
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 1.0 + LOADED_S  # a quadratic scan of 200 000 tags takes minutes
 
 
 def test_one_rule_everywhere():

@@ -113,6 +113,12 @@ def push_tolerance(run: Path) -> float:
     return Config(sync_tolerance=settings["sync_tolerance"]).push_tolerance(run_dtype(run))
 
 
+# The mean |vLLM − trainer| log-probability of the sampled tokens that each dtype's kernels leave on the smoke model,
+# measured on the 2-core AMX machine (float32 3.6-3.8e-5 nats a token, bfloat16 0.7-1.0e-3), times about 10; a
+# sampler that is not the trained policy (another temperature, stale weights) misses by far more.
+VLLM_TRAINER_GAP = {torch.float32: 4e-4, torch.bfloat16: 1e-2}
+
+
 def check_run(run: Path, steps: int) -> None:
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
@@ -121,7 +127,7 @@ def check_run(run: Path, steps: int) -> None:
         # every push was verified, and within the run's tolerance (a failed check stops the run)
         assert 0.0 <= m["sync/push_max_abs_diff"] <= tolerance
         # the trainer's packed scoring of the sampled tokens agrees with the log-probs vLLM sampled them with
-        assert 0.0 < m["sync/vllm_trainer_gap"] <= tolerance
+        assert 0.0 < m["sync/vllm_trainer_gap"] <= VLLM_TRAINER_GAP[run_dtype(run)]
         for key in ("reward/accuracy", "reward/format", "reward/influence", "reward/length", "loss/kl", "time/stage1"):
             assert key in m
         # the driver hands the rewards well-formed completions (lists of messages with string contents), so no
@@ -188,14 +194,24 @@ def test_dynamic_sampling_draws_again_and_the_sampler_counts_every_draw(straight
     assert state["epoch"] * per_epoch + state["position"] == 4 + draws  # a batch per step, one per extra draw
 
 
-@pytest.mark.parametrize("stage, lora_rank", [(2, 0), (3, 0), (3, 8)], ids=["zero2", "zero3", "zero3-lora"])
+# Two ranks under ZeRO-2: test_multinode.py's run, which makes the same checks.
+@pytest.mark.parametrize("stage, lora_rank", [(3, 0), (3, 8)], ids=["zero3", "zero3-lora"])
 def test_two_ranks(tmp_path, smoke_data, stage, lora_rank):
     config = write_config(tmp_path, smoke_data, max_steps=2, zero_stage=stage, lora_rank=lora_rank)
-    launch(config, 2)
+    launch(config, 2, fault="record_prompts")
     check_run(tmp_path / "run", 2)
-    # the two ranks drew different prompts: 2 ranks × 2 prompts per step
-    problems = [s["problem"] for s in read_jsonl(tmp_path / "run" / "samples.jsonl") if s["step"] == 1]
-    assert len(set(problems)) == 2  # rank 0 writes its own samples only
+    check_ranks_drew_apart(tmp_path / "run", ranks=2, steps=2)
+
+
+def check_ranks_drew_apart(run: Path, ranks: int, steps: int) -> None:
+    """Each rank trained on prompts of its own at every step (tests/faults.py's record_prompts, every rank's batch),
+    2 prompts each (smoke.toml: 1 × 2 accumulation steps); rank 0's are the ones samples.jsonl holds."""
+    drawn = [read_jsonl(run / f"prompts-rank-{rank}.jsonl") for rank in range(ranks)]
+    for step in range(1, steps + 1):
+        batches = [next(line["problems"] for line in lines if line["step"] == step) for lines in drawn]
+        assert all(len(set(batch)) == 2 for batch in batches)
+        assert len(set().union(*batches)) == 2 * ranks, batches  # no prompt on two ranks
+        assert {s["problem"] for s in read_jsonl(run / "samples.jsonl") if s["step"] == step} == set(batches[0])
 
 
 # How each STRAIGHT run is interrupted before it is resumed and compared with the uninterrupted one (tests/faults.py):
@@ -309,21 +325,18 @@ def test_nonfinite_loss_skips_steps_then_stops(tmp_path, smoke_data):
     assert [m["train/bad_steps_total"] for m in metrics] == [1]  # the second bad step stops before logging
 
 
-def test_several_updates_per_rollout_make_the_ratio_and_the_importance_weights_act(tmp_path, smoke_data):
-    # μ = 2: the second pass trains a policy that already moved, so π_θ / π_old leaves 1 and the clip can act;
-    # importance_cap = 2 weights each token by min(π_old / π_vLLM, 2)
-    config = write_config(tmp_path, smoke_data, max_steps=2, num_iterations=2, importance_cap=2.0)
+def test_several_updates_per_rollout_make_the_ratio_act_and_the_schedule_count_each_update(tmp_path, smoke_data):
+    # μ = 2: the second pass trains a policy that already moved, so π_θ / π_old leaves 1 and the clip can act.
+    # The warm-up, ⌈0.9 × 2 steps × 2 updates⌉ = 4 updates long, gives each update its own rate, 0, 1/4, 2/4, 3/4
+    # of the peak, then the peak: the rate logged after step s is (2s / 4) × peak only if every update counted.
+    # (The importance weights act in test_applied_update.py, on a batch where they are far from 1.)
+    config = write_config(tmp_path, smoke_data, max_steps=2, num_iterations=2, warmup_ratio=0.9)
     launch(config, 1, launcher=False)
     check_run(tmp_path / "run", 2)
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert any(m["reward/total_std"] > 0 for m in metrics), "no group had rewards that differ"
     assert any(m["loss/ratio_min"] < 1 or m["loss/ratio_max"] > 1 for m in metrics)
-    for m in metrics:
-        # float32 sampling and scoring agree to ~1e-5 nats here, so the weights are 1 to that precision
-        assert m["loss/importance_mean"] == pytest.approx(1.0, abs=1e-3)
-        assert m["loss/importance_capped_frac"] == 0.0
-    # two optimizer steps per training step: the scheduler counted both (constant lr, so the lr is unchanged)
-    assert metrics[-1]["train/lr"] == pytest.approx(1e-3)
+    assert [m["train/lr"] for m in metrics] == pytest.approx([1e-3 * 2 / 4, 1e-3 * 4 / 4], rel=1e-6)
 
 
 def readme_example(heading: str, document: str = "README.md") -> str:
