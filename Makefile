@@ -65,7 +65,7 @@ BENCHMARKS ?=
 scoreboard: setup data
 	$(PY) bench/scoreboard.py --model $(MODEL) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
-# The signal check of a reward idea, in about a minute (bench/reward_signal.py): G samples for 24 training prompts,
+# The signal check of a reward idea, in minutes rather than hours (bench/reward_signal.py): G samples for 24 training prompts,
 # as training's first step draws them, and per reward of CONFIG its mean, the share of groups in which it varies and
 # its correlation with the others.
 signal: setup data

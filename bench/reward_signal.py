@@ -1,4 +1,4 @@
-"""The signal check: in about a minute, whether each reward of a config varies within a group (GRPO learns nothing
+"""The signal check: in minutes rather than hours, whether each reward of a config varies within a group (GRPO learns nothing
 from a group whose rewards are all equal) and how the rewards move together, before a compare spends hours.
 
     make signal CONFIG=recipes/brevity.toml

@@ -66,10 +66,10 @@ def math_grader():
         yield shared
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def isolated_registry():
     """rewards.REWARD_FUNCS and config's record of the reward files loaded, as they were before the test: a reward
-    file a test loads registers its rewards for the test alone."""
+    file a test loads (a recipe naming one, read by load_config) registers its rewards for that test alone."""
     import config
     import rewards
 

@@ -385,6 +385,7 @@ def test_the_process_group_timeout_is_the_configs(monkeypatch, tmp_path):
     assert constants.default_pg_timeout == datetime.timedelta(minutes=int(os.environ.get("DEEPSPEED_TIMEOUT", 10)))
     seen = []
     monkeypatch.setattr(runtime.deepspeed, "init_distributed", lambda **kwargs: seen.append(kwargs))
+    monkeypatch.setattr(runtime.dist, "is_initialized", lambda: False)  # an earlier test's group may still be up
     monkeypatch.setattr(runtime.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(runtime.dist, "get_world_size", lambda: 1)
     assert runtime.init_distributed(Config().dist_timeout_minutes) == (0, 1)
