@@ -1,5 +1,6 @@
-"""The signal check: in minutes rather than hours, whether each reward of a config varies within a group (GRPO learns nothing
-from a group whose rewards are all equal) and how the rewards move together, before a compare spends hours.
+"""The signal check: in minutes rather than hours, whether each reward of a config varies within a group (GRPO
+learns nothing from a group whose rewards are all equal) and how the rewards move together, before a compare spends
+hours.
 
     make signal CONFIG=recipes/brevity.toml
     .venv/bin/python bench/reward_signal.py --config recipes/brevity.toml [--model DIR] [--data FILE] [--per-task 6]
