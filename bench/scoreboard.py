@@ -452,7 +452,8 @@ def main(argv: list[str] | None = None) -> None:
     model = Path(args.model).resolve()
     if not (model / "config.json").exists():
         raise SystemExit(f"error: --model {args.model!r} is not a model folder (no config.json)")
-    dtype = args.dtype or evaluate.run_config(model).get("dtype")  # the checkpoint's own, as `--eval` takes it
+    info = evaluate.run_config(model)  # the run that wrote the checkpoint; {} for any other model folder
+    dtype = args.dtype or info.get("dtype")  # the checkpoint's own, as `--eval` takes it
     dtype = str(runtime.resolve_dtype(dtype or cfg.dtype)).removeprefix("torch.")
     targets = decision_set(args.benchmarks, args.synthetic, args.heldout, args.only)
     out = args.out or (model.parent if model.name == "policy" else ROOT / "runs" / "scoreboard" / model.name)
@@ -483,7 +484,6 @@ def main(argv: list[str] | None = None) -> None:
               for t in targets}
     stopped = {t.name: sum(map(ends_after_think, texts["policy"][t.name])) for t in targets}
     total = sum(len(items[t.name]) for t in targets)
-    info = evaluate.run_config(model)
     seed = info.get("config", {}).get("seed", cfg.seed)
     run_dtype = info.get("dtype", dtype)
     recipe = Path(args.config).name
