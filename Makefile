@@ -65,9 +65,9 @@ BENCHMARKS ?=
 scoreboard: setup data
 	$(PY) bench/scoreboard.py --model $(MODEL) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
-# The signal check of a reward idea, in minutes rather than hours (bench/reward_signal.py): G samples for 24 training prompts,
-# as training's first step draws them, and per reward of CONFIG its mean, the share of groups in which it varies and
-# its correlation with the others.
+# The signal check of a reward idea (bench/reward_signal.py): G samples for 24 training prompts, as training's first
+# step draws them, and per reward of CONFIG its mean, the share of groups in which it varies and its correlation with
+# the others. The first check samples (minutes); the draw is kept, and a config that samples alike re-scores it.
 signal: setup data
 	@test -n "$(CONFIG)" || { echo 'usage: make signal CONFIG=recipes/my-idea.toml'; exit 2; }
 	$(PY) bench/reward_signal.py --config $(CONFIG)

@@ -1,5 +1,6 @@
 """bench/reward_signal.py (`make signal`), run for real on the smoke model with the docs' brevity idea: its printed
-table against a second computation from the scores it saved, and the saved scores against the rewards themselves."""
+table against a second computation from the scores it saved, and the saved scores against the rewards themselves;
+then a second config that samples alike re-scores the kept draw without an engine."""
 
 from __future__ import annotations
 
@@ -32,13 +33,19 @@ def printed_table(stdout: str) -> dict[str, list[str]]:
     return rows
 
 
+def signal_check(config: Path, out: Path, draws: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "reward_signal.py"), "--config", str(config),
+                             "--per-task", "8", "--out", str(out), "--draws", str(draws)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
 def test_the_signal_check_prints_each_rewards_mean_spread_and_correlations(tmp_path, smoke_data):  # noqa: F811
     config = write_config(tmp_path, smoke_data, reward_files=["ideas/brevity.py"], rewards=REWARDS)
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "reward_signal.py"), "--config", str(config),
-                             "--per-task", "8", "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True,
-                            text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    result = signal_check(config, tmp_path / "out", tmp_path / "draws")
+    assert "sampling 8 prompts" in result.stdout
     saved = json.loads((tmp_path / "out" / "signal.json").read_text())
     scores = np.array(saved["scores"])  # (N, R)
     G = 4  # the smoke recipe's
@@ -67,3 +74,45 @@ def test_the_signal_check_prints_each_rewards_mean_spread_and_correlations(tmp_p
                 assert float(printed) == pytest.approx(np.corrcoef(values, columns[other])[0, 1], abs=HALF)
     # the smoke model's answers are short and mostly formatted: at least one reward varies, or nothing was checked
     assert any(float(table[name][1]) > 0 for name in REWARDS)
+
+    # Another config that samples alike (other rewards and output folder) re-scores the kept draw: no engine starts,
+    # the texts are the same and its scores are its own rewards' on them.
+    kept_times = [p.stat().st_mtime_ns for p in (tmp_path / "draws").iterdir()]
+    assert len(kept_times) == 1
+    (tmp_path / "second").mkdir()
+    second = write_config(tmp_path / "second", smoke_data, rewards={"format": 1.0, "accuracy": 2.0})
+    again = signal_check(second, tmp_path / "out2", tmp_path / "draws")
+    assert "re-scoring the draw kept in" in again.stdout and "sampling" not in again.stdout
+    assert [p.stat().st_mtime_ns for p in (tmp_path / "draws").iterdir()] == kept_times
+    rescored = json.loads((tmp_path / "out2" / "signal.json").read_text())
+    assert rescored["completions"] == saved["completions"] and rescored["stage2"] == saved["stage2"]
+    assert [row[0] for row in rescored["scores"]] == rewards.format_reward(messages)
+    assert [row[1] for row in rescored["scores"]] == scores[:, 0].tolist()  # accuracy, graded again
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
+def test_the_kept_draw_is_named_by_what_decides_the_sampling(tmp_path, smoke_data):  # noqa: F811
+    """The rewards, reward files and output folder leave the draw's name; the temperature, G, the data and the
+    number of prompts each change it."""
+    other_data = tmp_path / "other.jsonl"
+    other_data.write_text(smoke_data.read_text() + "\n")
+    configs = {"base": {}, "rewards": {"rewards": {"format": 1.0}, "reward_files": ["ideas/brevity.py"],
+                                       "output_dir": str(tmp_path / "elsewhere")},
+               "temperature": {"temperature": 0.7}, "G": {"num_generations": 2},
+               "data": {"train_file": str(other_data)}}
+    paths = []
+    for name, overrides in configs.items():
+        (tmp_path / name).mkdir()
+        paths.append(str(write_config(tmp_path / name, smoke_data, **overrides)))
+    code = ("import sys; sys.path.insert(0, 'bench'); import reward_signal as s; from pathlib import Path\n"
+            "name = lambda cfg, n: s.draw_path(Path('d'), cfg, cfg.model, cfg.train_file, n).name\n"
+            "for c in sys.stdin.read().split():\n"
+            "    cfg = s.load_config(Path(c)); print('DRAW', name(cfg, 8))\n"
+            "print('DRAW', name(cfg, 7))")
+    result = subprocess.run([sys.executable, "-c", code], input=" ".join(paths), cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("DRAW ")]
+    base, rewards_only, *changed = names
+    assert rewards_only == base
+    assert len({base, *changed}) == 1 + len(changed) == 5  # temperature, G, data, then the last config at 7 prompts
