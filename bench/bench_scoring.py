@@ -63,7 +63,7 @@ def worker(args: argparse.Namespace, setting: dict[str, float]) -> dict:
     style = load_config(scoreboard.PLAIN if args.side == "plain" else args.config).prompt_style()
     model = Path(cfg.model if args.side == "plain" else args.model).resolve()
     target = next(t for t in scoreboard.decision_set(args.benchmarks, only=[args.file]))
-    items, problems = scoreboard.read_items(target)
+    _, problems = scoreboard.read_items(target)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     ids = scoreboard.prompt_ids(tokenizer, style, target, problems[: args.items])
     limit = cfg.max_completion_tokens if target.suite is None else cfg.suite_max_tokens
