@@ -109,7 +109,9 @@ def make_engine(model_path: str, *, dtype: str, seed: int, max_model_len: int, g
         lora = dict(enable_lora=True, max_loras=1, max_cpu_loras=1,
                     max_lora_rank=min((r for r in allowed if r >= lora_rank), default=lora_rank))
     if not torch.cuda.is_available():
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cpu_kv_cache_gib))))
+        # Set, not defaulted: vLLM reads it when each engine starts, and a value left by an earlier engine of this
+        # process, or inherited from its parent, would silently replace this engine's own size.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(cpu_kv_cache_gib)))
         weight_sync.keep_cpu_linear_weights()
 
     llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,

@@ -5,6 +5,7 @@ was."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,9 @@ def test_the_scoring_benchmark_runs_each_setting_and_compares_the_outputs(tmp_pa
     out = tmp_path / "scoring.json"
     command = [sys.executable, str(ROOT / "bench" / "bench_scoring.py"), "--benchmarks", str(benchmarks),
                "--config", str(config), "--settings", "kv 1", "kv 2", "kv 1, seqs 2", "--out", str(out)]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    # a KV size already in the environment (an earlier engine of the session sets it) must not replace the setting's
+    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    result = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
     first, second, narrow = report["settings"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -212,6 +213,21 @@ def test_a_sleeping_engine_offloads_its_cuda_graphs(monkeypatch):
         rollout.make_engine("m", dtype="bfloat16", seed=0, max_model_len=64, gpu_memory_utilization=0.5,
                             enable_sleep_mode=sleep)
     assert [(k["enable_sleep_mode"], k["sleep_mode_offload_cudagraph"]) for k in seen] == [(True, True), (False, False)]
+
+
+def test_each_engine_gets_its_own_kv_cache_size_on_the_cpu(monkeypatch):
+    """vLLM's CPU platform reads VLLM_CPU_KVCACHE_SPACE from the environment as each engine starts
+    (vllm/platforms/cpu.py, check_and_update_config); a size left there by an earlier engine of the process, or by
+    the parent process, must not replace the one asked for."""
+    seen = []
+    monkeypatch.setattr(rollout.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(rollout, "LLM", lambda **kwargs: seen.append(os.environ["VLLM_CPU_KVCACHE_SPACE"]))
+    monkeypatch.setattr(weight_sync, "keep_cpu_linear_weights", lambda: None)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # as an earlier engine or the parent left it
+    for gib in (4, 2.4, 0.25):
+        rollout.make_engine("m", dtype="bfloat16", seed=0, max_model_len=64, gpu_memory_utilization=0.5,
+                            enable_sleep_mode=False, cpu_kv_cache_gib=gib)
+    assert seen == ["4", "2", "1"]  # whole GiB, at least one, as vLLM's variable takes them
 
 
 def test_the_trainer_draws_its_own_seed_after_the_engine_seeded_torch(monkeypatch):
