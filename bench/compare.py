@@ -2,7 +2,7 @@
 on the scoreboard's decision set, with paired differences, their 95 % intervals and a verdict.
 
     make compare CONFIG=recipes/my-idea.toml [SEEDS="42 7 1234"] [BASELINE=config.toml] [BENCHMARKS=DIR]
-    make screen CONFIG=recipes/my-idea.toml [BENCHMARKS=DIR]      # one seed, cnq500 alone: the cheap look first
+    make screen CONFIG=recipes/my-idea.toml [BENCHMARKS=DIR]      # one seed, cnq250 alone: the cheap look first
     .venv/bin/python bench/compare.py --config recipes/my-idea.toml --seeds 42 7 1234 [--benchmarks DIR] [--dry-run]
 
 For each seed both configs are trained (canoe.py in a subprocess, as `make train` runs it) and each run's final
@@ -30,8 +30,9 @@ lies wholly on the worse side of 0 (below it; above it for mr and org, which cou
 interval's half-width: what the run can detect.
 
 A screen (--screen) is one seed (42 unless --seeds names another), the candidate against the baseline's run of that
-seed (cached, as every run), scored on cnq500 alone with --benchmarks (else the 340 synthetic and held-out items);
-its report goes to runs/compare/NAME-screen/ and its verdict line says it is a screen. The three-seed compare decides.
+seed (cached, as every run), scored on cnq250 alone with --benchmarks (cnq500's first 250 items, its verdict read on
+cnq250 em; else the 340 synthetic and held-out items); its report goes to runs/compare/NAME-screen/ and its verdict
+line says it is a screen. The three-seed compare decides.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ TRAINED = "compare-trained.json"  # in a run's folder once canoe.py ended well: 
 SCORED = "compare-scored.json"  # beside scoreboard.predictions.jsonl: the files' digests, the seconds
 LOWER_IS_BETTER = {"mr", "org"}  # ConFiQA's memorisation ratio and cnq500's original answer count memory winning
 COLUMNS = ("candidate - plain", "baseline - plain", "candidate - baseline")
-SCREEN = ["cnq500"]  # a screen's decision set with --benchmarks: 500 of the compare's 1,215 items
+SCREEN = [scoreboard.SCREEN]  # a screen's decision set with --benchmarks: 250 of the compare's 1,215 items
 
 
 # ------------------------------------------------------------------------------------------------ the verdict
@@ -420,12 +421,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--benchmarks", type=Path, help="the scoreboard's benchmark folder (its --benchmarks)")
     parser.add_argument("--synthetic", type=Path, default=scoreboard.SYNTHETIC, help="the synthetic eval file")
     parser.add_argument("--heldout", type=Path, default=scoreboard.HELDOUT, help="the hand-written held-out file")
-    parser.add_argument("--primary", help="ROW:METRIC of the verdict (default cnq500:em with --benchmarks, else "
+    parser.add_argument("--primary", help="ROW:METRIC of the verdict (default cnq500:em with --benchmarks, a screen's cnq250:em, else "
                         "synthetic:contains)")
     parser.add_argument("--margin", type=float, default=0.0, help="the primary's interval must lie above this")
     parser.add_argument("--each-seed", action="store_true", help="the primary must also win on each seed")
     parser.add_argument("--allow-losses", action="store_true", help="rows worse beyond their intervals do not count")
-    parser.add_argument("--screen", action="store_true", help="one seed, scored on cnq500 alone with --benchmarks "
+    parser.add_argument("--screen", action="store_true", help="one seed, scored on cnq250 alone with --benchmarks "
                         "(else the synthetic and held-out items): a verdict labelled a screen")
     parser.add_argument("--dry-run", action="store_true", help="say what would be trained and scored, then stop")
     parser.add_argument("--launcher", choices=("deepspeed", "python"), default="deepspeed",
@@ -464,7 +465,7 @@ def checked(args: argparse.Namespace) -> tuple[Config, Config, list, Rules]:
         raise SystemExit(f"error: --seeds {args.seeds}: each seed once")
     if args.screen and len(args.seeds) != 1:
         raise SystemExit(f"error: --screen --seeds {args.seeds}: a screen is one seed")
-    primary = args.primary or ("cnq500:em" if args.benchmarks else "synthetic:contains")
+    primary = args.primary or (f"{(screen or ['cnq500'])[0]}:em" if args.benchmarks else "synthetic:contains")
     rows = {row: metrics for row, files, metrics in scoreboard.ROWS if all(f in {t.name for t in targets}
                                                                            for f in files)}
     row, _, metric = primary.partition(":")

@@ -89,13 +89,20 @@ def benchmark_targets(benchmarks: Path) -> list[Target]:
             Target("cnq500", benchmarks / "cnq-nqswap.dev500.json", "cnq", limit=500)]
 
 
+# A screen's file: cnq500's first 250 items, so that scoring a policy costs about half of one training (the whole
+# cnq500 costs 0.85-1.0 of one: bench/RESULTS.md, "The signal check and the screen"). Scored only where named.
+SCREEN = "cnq250"
+
+
 def decision_set(benchmarks: Path | None, synthetic: Path = SYNTHETIC, heldout: Path = HELDOUT,
                  only: list[str] | None = None) -> list[Target]:
     """The files every policy is scored on; the benchmark files only where `benchmarks` is given; with `only`, those
-    of them by name (a screen's cnq500 alone), so that the others need not exist."""
+    of them by name (a screen's cnq250 alone), so that the others need not exist."""
     targets = [Target("synthetic", synthetic), Target("heldout", heldout)]
     if benchmarks is not None:
         targets += benchmark_targets(benchmarks)
+        if SCREEN in (only or ()):
+            targets.append(Target(SCREEN, benchmarks / "cnq-nqswap.dev500.json", "cnq", limit=250))
     unknown = sorted(set(only or ()) - {t.name for t in targets})
     if unknown:
         raise SystemExit(f"error: {unknown}: not files of this decision set ({', '.join(t.name for t in targets)})")
@@ -116,7 +123,8 @@ ROWS = (("synthetic", ("synthetic",), ("em", "contains")), ("heldout", ("heldout
         ("confiqa-qa", ("confiqa-qa",), ("em", "ps", "mr")), ("confiqa-mr", ("confiqa-mr",), ("em", "ps", "mr")),
         ("confiqa-mc", ("confiqa-mc",), ("em", "ps", "mr")),
         ("confiqa75", ("confiqa-qa", "confiqa-mr", "confiqa-mc"), ("em", "ps", "mr")), ("nq300", ("nq300",), ("em",)),
-        ("cnq500", ("cnq500",), ("em", "contains", "sentence", "org")))
+        ("cnq500", ("cnq500",), ("em", "contains", "sentence", "org")),
+        (SCREEN, (SCREEN,), ("em", "contains", "sentence", "org")))
 
 
 # ------------------------------------------------------------------------------------------------ the intervals
@@ -388,13 +396,14 @@ def print_table(table: dict) -> None:
 
 def results_line(table: dict, seed, dtype: str, recipe: str, copied: dict[str, int], total: int,
                  against: str = "plain") -> str:
-    """The RESULTS line: cnq500 em, contains and sentence, confiqa75 em, nq300 em, synthetic contains, each against
+    """The RESULTS line: cnq500 (or a screen's cnq250) em, contains and sentence, confiqa75 em, nq300 em, synthetic contains, each against
     the baseline, `against` (the plain base unless --plain names another prompt; cnq500's contains and sentence
     without their own interval, to keep the line short), then the example's copies in all and in cnq500."""
     parts = []
-    if "cnq500" in table:
-        em, contains, sentence = (table["cnq500"][m] for m in ("em", "contains", "sentence"))
-        parts.append(f"cnq500 em {fmt(em['policy'], True)} vs {against} {fmt(em['difference'], True)}, "
+    cnq = next((name for name in ("cnq500", SCREEN) if name in table), None)
+    if cnq:
+        em, contains, sentence = (table[cnq][m] for m in ("em", "contains", "sentence"))
+        parts.append(f"{cnq} em {fmt(em['policy'], True)} vs {against} {fmt(em['difference'], True)}, "
                      f"contains {contains['policy'][0]:.1f} vs {against} {fmt(contains['difference'], True)}, "
                      f"sentence {sentence['policy'][0]:.1f} vs {against} {fmt(sentence['difference'], True)}")
     for row, metric, percent in (("confiqa75", "em", True), ("nq300", "em", True), ("synthetic", "contains", False)):
@@ -402,8 +411,8 @@ def results_line(table: dict, seed, dtype: str, recipe: str, copied: dict[str, i
             r = table[row][metric]
             parts.append(f"{row} {metric} {fmt(r['policy'], percent)} vs {against} {fmt(r['difference'], percent)}")
     parts.append(f"example copied {sum(copied.values())} of {total}")
-    if "cnq500" in table:
-        parts.append(f"cnq500 copied {copied.get('cnq500', 0)} of {table['cnq500']['em']['n']}")
+    if cnq:
+        parts.append(f"{cnq} copied {copied.get(cnq, 0)} of {table[cnq]['em']['n']}")
     return f"scoreboard (seed {seed}, {dtype}, {recipe}): " + "; ".join(parts)
 
 

@@ -177,7 +177,7 @@ def test_a_missing_benchmark_file_or_an_unknown_primary_metric_stops_it(tmp_path
 
 
 @pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
-def test_a_screen_is_one_seed_on_cnq500_alone(tmp_path, capsys):
+def test_a_screen_is_one_seed_on_cnq250_alone(tmp_path, capsys):
     args = small_config(tmp_path)
     with pytest.raises(SystemExit, match=r"error: --screen --seeds \[42, 7\]: a screen is one seed"):
         compare.main([*args, "--screen", "--seeds", "42", "7"])
@@ -187,6 +187,11 @@ def test_a_screen_is_one_seed_on_cnq500_alone(tmp_path, capsys):
     compare.main([*args, "--screen", "--benchmarks", str(benchmarks), "--dry-run"])
     tasks = [line.split(": ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert tasks == ["[1/2] training idea seed 42", "[2/2] scoring idea seed 42"]  # the config against itself
+    screen = compare.checked(compare.parse([*args, "--screen", "--benchmarks", str(benchmarks)]))
+    (target,), rules = screen[2], screen[3]  # cnq500's file, its first 250 items, the verdict read on them
+    assert (target.name, target.path.name, target.suite, target.limit) == ("cnq250", "cnq-nqswap.dev500.json", "cnq", 250)
+    assert rules.primary == ("cnq250", "em")
+    assert "cnq250" not in {t.name for t in compare.scoreboard.benchmark_targets(benchmarks)}  # not in the full set
     with pytest.raises(SystemExit, match=r"error: confiqa-qa: .*ConFiQA-QA\.dev25\.json not found"):
         compare.main([*args, "--benchmarks", str(benchmarks), "--dry-run"])  # the compare needs all five
 
