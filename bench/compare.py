@@ -421,8 +421,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--benchmarks", type=Path, help="the scoreboard's benchmark folder (its --benchmarks)")
     parser.add_argument("--synthetic", type=Path, default=scoreboard.SYNTHETIC, help="the synthetic eval file")
     parser.add_argument("--heldout", type=Path, default=scoreboard.HELDOUT, help="the hand-written held-out file")
-    parser.add_argument("--primary", help="ROW:METRIC of the verdict (default cnq500:em with --benchmarks, a screen's cnq250:em, else "
-                        "synthetic:contains)")
+    parser.add_argument("--primary", help="ROW:METRIC of the verdict (default cnq500:em with --benchmarks, a "
+                        "screen's cnq250:em, else synthetic:contains)")
     parser.add_argument("--margin", type=float, default=0.0, help="the primary's interval must lie above this")
     parser.add_argument("--each-seed", action="store_true", help="the primary must also win on each seed")
     parser.add_argument("--allow-losses", action="store_true", help="rows worse beyond their intervals do not count")

@@ -396,9 +396,10 @@ def print_table(table: dict) -> None:
 
 def results_line(table: dict, seed, dtype: str, recipe: str, copied: dict[str, int], total: int,
                  against: str = "plain") -> str:
-    """The RESULTS line: cnq500 (or a screen's cnq250) em, contains and sentence, confiqa75 em, nq300 em, synthetic contains, each against
-    the baseline, `against` (the plain base unless --plain names another prompt; cnq500's contains and sentence
-    without their own interval, to keep the line short), then the example's copies in all and in cnq500."""
+    """The RESULTS line: cnq500 (a screen's cnq250) em, contains and sentence, confiqa75 em, nq300 em, synthetic
+    contains, each against the baseline, `against` (the plain base unless --plain names another prompt; cnq's
+    contains and sentence without their own interval, to keep the line short), then the example's copies in all and
+    in cnq500 (cnq250)."""
     parts = []
     cnq = next((name for name in ("cnq500", SCREEN) if name in table), None)
     if cnq:

@@ -189,7 +189,8 @@ def test_a_screen_is_one_seed_on_cnq250_alone(tmp_path, capsys):
     assert tasks == ["[1/2] training idea seed 42", "[2/2] scoring idea seed 42"]  # the config against itself
     screen = compare.checked(compare.parse([*args, "--screen", "--benchmarks", str(benchmarks)]))
     (target,), rules = screen[2], screen[3]  # cnq500's file, its first 250 items, the verdict read on them
-    assert (target.name, target.path.name, target.suite, target.limit) == ("cnq250", "cnq-nqswap.dev500.json", "cnq", 250)
+    assert (target.name, target.path.name, target.suite, target.limit) == ("cnq250", "cnq-nqswap.dev500.json", "cnq",
+                                                                           250)
     assert rules.primary == ("cnq250", "em")
     assert "cnq250" not in {t.name for t in compare.scoreboard.benchmark_targets(benchmarks)}  # not in the full set
     with pytest.raises(SystemExit, match=r"error: confiqa-qa: .*ConFiQA-QA\.dev25\.json not found"):
