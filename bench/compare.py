@@ -465,7 +465,8 @@ def checked(args: argparse.Namespace) -> tuple[Config, Config, list, Rules]:
         raise SystemExit(f"error: --seeds {args.seeds}: each seed once")
     if args.screen and len(args.seeds) != 1:
         raise SystemExit(f"error: --screen --seeds {args.seeds}: a screen is one seed")
-    primary = args.primary or (f"{(screen or ['cnq500'])[0]}:em" if args.benchmarks else "synthetic:contains")
+    cnq = scoreboard.SCREEN if args.screen else "cnq500"
+    primary = args.primary or (f"{cnq}:em" if args.benchmarks else "synthetic:contains")
     rows = {row: metrics for row, files, metrics in scoreboard.ROWS if all(f in {t.name for t in targets}
                                                                            for f in files)}
     row, _, metric = primary.partition(":")

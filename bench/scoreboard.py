@@ -42,7 +42,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -101,8 +101,8 @@ def decision_set(benchmarks: Path | None, synthetic: Path = SYNTHETIC, heldout: 
     targets = [Target("synthetic", synthetic), Target("heldout", heldout)]
     if benchmarks is not None:
         targets += benchmark_targets(benchmarks)
-        if SCREEN in (only or ()):
-            targets.append(Target(SCREEN, benchmarks / "cnq-nqswap.dev500.json", "cnq", limit=250))
+        if SCREEN in (only or ()):  # cnq500's file and suite, its first 250 items
+            targets.append(replace(next(t for t in targets if t.name == "cnq500"), name=SCREEN, limit=250))
     unknown = sorted(set(only or ()) - {t.name for t in targets})
     if unknown:
         raise SystemExit(f"error: {unknown}: not files of this decision set ({', '.join(t.name for t in targets)})")
