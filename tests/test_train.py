@@ -184,6 +184,58 @@ def test_one_rank_zero2(straight_runs):
     assert not [key for m in read_jsonl(folder / "run" / "metrics.jsonl") for key in m if key.startswith("rollout/")]
 
 
+
+def test_the_step_page_shows_the_numbers_training_used(straight_runs, tmp_path):
+    """`make explain`'s page (training/explain.py) of the full run's steps 1 and 3: its loss is the logged one, its
+    advantages are the README's equation on its own rewards, and its log-probabilities are
+    `plain_completion_logprobs` on its own tokens (π_θ at step 1 and π_ref the base model; π_θ at step 3 the
+    step-2 checkpoint's policy, saved after the second update)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_loss import plain_completion_logprobs
+    from training.explain import write_page
+
+    run = straight_runs("full")[0] / "run"
+    base = AutoModelForCausalLM.from_pretrained(SMOKE_MODEL, dtype=torch.float32).eval()
+    after_two = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step-000002" / "policy",
+                                                     dtype=torch.float32).eval()
+    logged = {m["step"]: m for m in read_jsonl(run / "metrics.jsonl")}
+    for step, policy in ((1, base), (3, after_two)):
+        page, numbers = write_page(run, step, tmp_path)
+        text, trace = page.read_text(), json.loads(numbers.read_text())
+        assert "<script" not in text and "<link" not in text and 'id="loss"' in text  # one file, nothing fetched
+        assert len(trace["completions"]) == 4 and len(trace["passes"]) == 1  # G = 4, μ = 1
+        # 1. the loss, added up from the page's per-token ℓ and the other micro-batch's loss, is the logged one
+        assert trace["derived"]["rank_loss"] == pytest.approx(logged[step]["loss/loss"], rel=1e-5, abs=1e-7)
+        assert f"{logged[step]['loss/loss']:.6f}" in text
+        # the rate of that update: the schedule's value that the previous step logged (constant 1e-3 here)
+        assert trace["passes"][0]["lr"] == pytest.approx(1e-3)
+        # 2. A_i = (r_i − mean) / (std + 1e-4) over the group, unbiased std, r_i the weighted sum of the four rewards
+        weights = trace["reward_weights"]
+        rewards = [sum(weights[k] * c["scores"][k] for k in weights) for c in trace["completions"]]
+        mean = sum(rewards) / 4
+        std = (sum((r - mean) ** 2 for r in rewards) / 3) ** 0.5
+        expected = [0.0 if std == 0 else (r - mean) / (std + 1e-4) for r in rewards]
+        assert [c["advantage"] for c in trace["completions"]] == pytest.approx(expected, abs=1e-5)
+        assert [c["reward"] for c in trace["completions"]] == pytest.approx(rewards)
+        # 3. log π_θ and log π_ref of each sampled token, recomputed one sequence at a time
+        prompts = [trace["prompt"]["token_ids"]] * 4
+        tokens = [c["token_ids"] for c in trace["completions"]]
+        with torch.no_grad():
+            tau = trace["config"]["temperature"]
+            theta = plain_completion_logprobs(policy, prompts, tokens, temperature=tau)
+            ref = plain_completion_logprobs(base, prompts, tokens, temperature=tau)
+        # torch's float32 log_softmax on an AVX2-only CPU is up to 1.4e-4 off at these logits (against float64;
+        # the trainer's logsumexp is within 1e-6); another policy or temperature misses by 0.8 or more.
+        for i, completion in enumerate(tokens):
+            n = len(completion)
+            torch.testing.assert_close(torch.tensor(trace["passes"][0]["logprobs"][i]), theta[i, :n],
+                                       atol=5e-4, rtol=0, msg=f"step {step}: log π_θ of completion {i}")
+            torch.testing.assert_close(torch.tensor(trace["micro_batch"]["ref"][i]), ref[i, :n],
+                                       atol=5e-4, rtol=0, msg=f"step {step}: log π_ref of completion {i}")
+        if step == 3:  # two updates later the policy has moved away from the reference, so the KL is not 0
+            assert any(kl > 0 for row in trace["passes"][0]["kl"] for kl in row)
+
 def test_dynamic_sampling_draws_again_and_the_sampler_counts_every_draw(straight_runs):
     folder, _ = straight_runs("dynamic")
     metrics = read_jsonl(folder / "run" / "metrics.jsonl")

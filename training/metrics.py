@@ -1,7 +1,8 @@
 """What a run reports: phase timing, the step's metrics, and rank 0's files (run_config.json, the logs).
 
 `metrics.jsonl` gets one line per step (docs/outputs.md documents every key); `samples.jsonl` the prompts,
-completions and stage-2 texts every `sample_every` steps. A rank's values become the run's (`step_metrics`) by:
+completions and stage-2 texts every `sample_every` steps, and `trace.jsonl` one prompt of those steps token by
+token (training/explain.py). A rank's values become the run's (`step_metrics`) by:
 - COUNT_KEYS: summed over ranks (one grader error on one rank of eight logs 1, not 0.125);
 - MAX_KEYS: the largest value of any rank;
 - GLOBAL_KEYS: already the same on every rank, logged as they are (grpo_loss's `loss/*`, whose sums and extremes
@@ -184,6 +185,12 @@ class RunLog:
                     "stage2_completion": None if stage2 is None else stage2.text,
                     "reward": float(step.rewards[i]), "advantage": float(step.advantages[i]),
                 }) + "\n")
+
+    def trace(self, trace: dict) -> None:
+        """A line of trace.jsonl: one prompt of the step, token by token (training/explain.py)."""
+        if self.enabled:
+            with open(self.out / "trace.jsonl", "a") as f:
+                f.write(json.dumps(trace) + "\n")
 
     def close(self) -> None:
         if self.tensorboard:
