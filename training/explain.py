@@ -53,7 +53,8 @@ def record(run, step, metrics: dict) -> dict:
                                                       "clip_eps_high", "advantage_eps", "advantage_std",
                                                       "advantage_rule", "aggregation", "num_iterations")},
         "reward_weights": dict(cfg.rewards),
-        "prompt": {"problem": row["problem"], "text": run.tokenizer.decode(row["prompt_ids"]),
+        "prompt": {"problem": row["problem"], "solution": row.get("solution"),
+                   "text": run.tokenizer.decode(row["prompt_ids"]),
                    "token_ids": list(row["prompt_ids"]), "passage": tag_content(row["problem"], "context")},
         "completions": completions,
         "micro_batch": {"sequences": len(lengths), "ref": rows(first.ref), "old": rows(first.old),
@@ -143,10 +144,12 @@ def _shade(value: float, scale: float, hue: int) -> str:
 def _prompt(trace: dict) -> str:
     text, passage = trace["prompt"]["text"], trace["prompt"]["passage"]
     at = text.rfind(passage) if passage else -1  # the question's passage: the worked example has one too
-    if at < 0:
-        return f"<pre>{html.escape(text)}</pre>"
-    return (f"<pre>{html.escape(text[:at])}<mark>{html.escape(passage)}</mark>"
-            f"{html.escape(text[at + len(passage):])}</pre>")
+    shown = (html.escape(text) if at < 0 else f"{html.escape(text[:at])}<mark>{html.escape(passage)}</mark>"
+             f"{html.escape(text[at + len(passage):])}")
+    solution = trace["prompt"].get("solution")
+    return (f"<p>The prompt as the model reads it (the chat template, the system prompt, any worked example, then the "
+            f"question); the solution that accuracy and influence compare with: "
+            f"<b>{html.escape(str(solution))}</b>.</p><pre>{shown}</pre>")
 
 
 def _rewards(trace: dict, derived: dict) -> str:
@@ -156,7 +159,9 @@ def _rewards(trace: dict, derived: dict) -> str:
         f"<tr><td>{i + 1}</td><td class='text'><pre>{_tagged(c['text'])}</pre></td>"
         + "".join(f"<td>{c['scores'][n]:g}</td>" for n in names) + f"<td><b>{c['reward']:g}</b></td></tr>"
         for i, c in enumerate(trace["completions"]))
-    return f"<table><tr><th>i</th><th>completion o<sub>i</sub></th>{head}<th>r<sub>i</sub></th></tr>{body}</table>"
+    return (f"<p>r<sub>i</sub> is the weighted sum of the rewards, each 0 or 1 (docs/DESIGN.md states each rule)."
+            f"</p><table><tr><th>i</th><th>completion o<sub>i</sub></th>{head}<th>r<sub>i</sub></th></tr>{body}"
+            f"</table>")
 
 
 def _advantages(trace: dict, derived: dict) -> str:
@@ -189,7 +194,10 @@ def _stage2(trace: dict) -> str:
 def _tokens(trace: dict, derived: dict) -> str:
     micro, passes = trace["micro_batch"], trace["passes"]
     show_old = trace["config"]["num_iterations"] > 1
-    parts = []
+    parts = [] if show_old else [
+        "<p>With μ = 1, π<sub>old</sub> is π<sub>θ</sub> itself, detached: ρ = 1, the clip never binds, and "
+        "ℓ = −A + β·KL, whose gradient is −A ∇log π<sub>θ</sub> + β ∇KL. Grey rows are not trained. log "
+        "π<sub>vLLM</sub> is what the sampler gave the token, for comparison.</p>"]
     for k, p in enumerate(passes):
         kl_scale = max((v for row in p["kl"] for v in row), default=0.0) or 1e-9
         if len(passes) > 1:
