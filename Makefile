@@ -40,8 +40,9 @@ data: setup
 train: setup data
 	$(VENV)/bin/deepspeed canoe.py --config config.toml
 
-# Greedy faithfulness evaluation of the base model and of the default run's latest policy (its adapter merged into
-# the base in float32), on the config's eval_file or any JSONL of that format: `make eval EVAL_FILE=F`.
+# Greedy faithfulness evaluation of the base model and of the default run's latest policy (run as training ran it:
+# on a CPU its adapter merged into the base in float32; docs/lora.md), on the config's eval_file or any JSONL of that
+# format: `make eval EVAL_FILE=F`.
 EVAL_FILE ?=
 EVAL_ARGS := $(if $(EVAL_FILE),--eval-file $(EVAL_FILE))
 eval: setup data
@@ -60,7 +61,7 @@ benchmarks: setup
 
 # A policy against its base prompted plainly (recipes/plain-prompt.toml), with 95 % intervals (bench/scoreboard.py):
 # the default run's latest policy unless MODEL=DIR; BENCHMARKS=DIR adds ConFiQA-{QA,MR,MC}.dev25.json,
-# followrag-nq.json and cnq-nqswap.dev500.json (`make benchmarks` builds them from the public releases).
+# followrag-nq.json and cnq-nqswap.dev500.json (`make benchmarks` builds them from the public releases you downloaded).
 MODEL ?= runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
 BENCHMARKS ?=
 scoreboard: setup data
@@ -95,7 +96,8 @@ screen: setup data
 test: setup
 	$(PY) -m pytest tests -q -rs
 
-# The benchmarks of bench/RESULTS.md (the step benchmark installs TRL into its own .venv-trl first).
+# The reward, packing and step benchmarks (their last outputs are in bench/RESULTS.md's git log; the step benchmark
+# installs TRL into its own .venv-trl first).
 bench: setup data bench-setup-trl
 	$(PY) bench/bench_rewards.py
 	$(PY) bench/bench_packing.py
