@@ -231,10 +231,43 @@ def test_the_step_page_shows_the_numbers_training_used(straight_runs, tmp_path):
             n = len(completion)
             torch.testing.assert_close(torch.tensor(trace["passes"][0]["logprobs"][i]), theta[i, :n],
                                        atol=5e-4, rtol=0, msg=f"step {step}: log π_θ of completion {i}")
-            torch.testing.assert_close(torch.tensor(trace["micro_batch"]["ref"][i]), ref[i, :n],
-                                       atol=5e-4, rtol=0, msg=f"step {step}: log π_ref of completion {i}")
-        if step == 3:  # two updates later the policy has moved away from the reference, so the KL is not 0
-            assert any(kl > 0 for row in trace["passes"][0]["kl"] for kl in row)
+            torch.testing.assert_close(torch.tensor(trace["micro_batch"]["ref"][i]), ref[i, :n], atol=5e-4, rtol=0,
+                                       msg=f"step {step}: log π_ref of completion {i} is not the frozen base model's")
+        if step == 3:  # two updates on, π_θ has left π_ref, and ℓ = −A + β·k3 with μ = 1 (ρ = 1), k3 recomputed
+            largest = 0.0
+            for i, c in enumerate(trace["completions"]):
+                n = len(c["token_ids"])
+                x = ref[i, :n] - theta[i, :n]
+                k3 = torch.exp(x) - x - 1
+                loss = torch.tensor(trace["passes"][0]["token_loss"][i])
+                torch.testing.assert_close(loss, -c["advantage"] + 0.04 * k3, atol=2e-4, rtol=0,
+                                           msg=f"the KL does not enter ℓ with β (completion {i})")
+                largest = max(largest, float(0.04 * k3.max()))
+            assert largest > 1e-2, f"β·KL is at most {largest}: π_θ is still π_ref, so this check could not fail"
+
+
+def test_a_dapo_mask_keeps_truncated_completions_out_of_the_loss(tmp_path, smoke_data):
+    """DAPO's `mask_truncated` in a real run, read from its trace: a completion cut off by the token limit has no
+    trained token and a token loss of 0 (so it adds nothing to the gradient), the finished ones are trained, and
+    the logged loss is the sum over the trained tokens alone."""
+    from training.explain import write_page
+
+    config = write_config(tmp_path, smoke_data, max_steps=3, mask_truncated=True, max_completion_tokens=35)
+    launch(config, 1)
+    run, seen = tmp_path / "run", {"length": 0, "stop": 0}
+    for step in (1, 2, 3):
+        trace = json.loads(write_page(run, step, tmp_path / "page")[1].read_text())
+        for i, c in enumerate(trace["completions"]):
+            seen[c["finish_reason"]] += 1
+            mask, losses = trace["micro_batch"]["mask"][i], trace["passes"][0]["token_loss"][i]
+            if c["finish_reason"] == "length":
+                assert not c["kept"] and not any(mask), f"step {step}: truncated completion {i} was trained"
+                assert not any(losses), f"step {step}: truncated completion {i} has a token loss"
+            else:
+                assert c["kept"] and all(mask), f"step {step}: finished completion {i} was not trained"
+        logged = read_jsonl(run / "metrics.jsonl")[step - 1]["loss/loss"]
+        assert trace["derived"]["rank_loss"] == pytest.approx(logged, rel=1e-5, abs=1e-7)
+    assert seen["length"] and seen["stop"], f"the check needs both kinds of completion: {seen}"
 
 def test_dynamic_sampling_draws_again_and_the_sampler_counts_every_draw(straight_runs):
     folder, _ = straight_runs("dynamic")
