@@ -57,22 +57,25 @@ eval: setup data
 	$(PY) canoe.py --config config.toml --eval $(EVAL_ARGS) --model runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
 
 # The decision set's benchmark files from the public releases you downloaded (docs/evaluation.md, "The decision set
-# from public sources"), each output's sha256 checked: then BENCHMARKS=runs/benchmarks.
+# from public sources"), each output's sha256 checked: then BENCHMARKS=runs/benchmarks. No model is needed:
+# FollowRAG and ConFiQA need only python3; NQ-Swap's parquet needs pyarrow, so NQSWAP builds .venv (not the models).
 OUT ?= runs/benchmarks
 FOLLOWRAG ?=
 CONFIQA ?=
 NQSWAP ?=
-benchmarks: setup
-	$(PY) scripts/prepare_benchmarks.py --out $(OUT) $(if $(FOLLOWRAG),--followrag $(FOLLOWRAG)) \
-	  $(if $(CONFIQA),--confiqa $(CONFIQA)) $(if $(NQSWAP),--nqswap $(NQSWAP))
+benchmarks: $(if $(NQSWAP),$(VENV)/.setup-done)
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/prepare_benchmarks.py --out $(OUT) \
+	  $(if $(FOLLOWRAG),--followrag $(FOLLOWRAG)) $(if $(CONFIQA),--confiqa $(CONFIQA)) $(if $(NQSWAP),--nqswap $(NQSWAP))
 
 # A policy against its base prompted plainly (recipes/plain-prompt.toml), with 95 % intervals (bench/scoreboard.py):
 # the default run's latest policy unless MODEL=DIR; BENCHMARKS=DIR adds ConFiQA-{QA,MR,MC}.dev25.json,
 # followrag-nq.json and cnq-nqswap.dev500.json (`make benchmarks` builds them from the public releases you downloaded).
 MODEL ?= runs/default/checkpoints/$$(cat runs/default/checkpoints/latest)/policy
 BENCHMARKS ?=
+UNCHECKED ?=
+CHECK_ARGS := $(if $(UNCHECKED),--unchecked-benchmarks)
 scoreboard: setup data
-	$(PY) bench/scoreboard.py --model $(MODEL) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
+	$(PY) bench/scoreboard.py --model $(MODEL) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS)) $(CHECK_ARGS)
 
 # The signal check of a reward idea (bench/reward_signal.py): G samples for 24 training prompts, as training's first
 # step draws them, and per reward of CONFIG its mean, the share of groups in which it varies and its correlation with
@@ -89,7 +92,7 @@ SEEDS ?= 42 7 1234
 BASELINE ?= config.toml
 compare: setup data
 	@test -n "$(CONFIG)" || { echo 'usage: make compare CONFIG=recipes/my-idea.toml [SEEDS="42 7 1234"] [BASELINE=config.toml] [BENCHMARKS=DIR]'; exit 2; }
-	$(PY) bench/compare.py --config $(CONFIG) --seeds $(SEEDS) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
+	$(PY) bench/compare.py --config $(CONFIG) --seeds $(SEEDS) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS)) $(CHECK_ARGS)
 
 # The screen of a reward idea: CONFIG against BASELINE on SEED alone, scored on cnq250 (cnq500's first 250 items)
 # alone with BENCHMARKS (else the 340 synthetic and held-out items), the baseline's run reused where trained before;
@@ -97,7 +100,7 @@ compare: setup data
 SEED ?= 42
 screen: setup data
 	@test -n "$(CONFIG)" || { echo 'usage: make screen CONFIG=recipes/my-idea.toml [SEED=42] [BENCHMARKS=DIR]'; exit 2; }
-	$(PY) bench/compare.py --screen --config $(CONFIG) --seeds $(SEED) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
+	$(PY) bench/compare.py --screen --config $(CONFIG) --seeds $(SEED) --baseline $(BASELINE) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS)) $(CHECK_ARGS)
 
 # -rs: the summary lists every skipped test with its reason (a missing set-up step fails instead: tests/conftest.py).
 test: setup

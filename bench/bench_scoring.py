@@ -62,7 +62,7 @@ def worker(args: argparse.Namespace, setting: dict[str, float]) -> dict:
     cfg = dataclasses.replace(cfg, vllm_cpu_kv_cache_gib=setting.get("kv", cfg.vllm_cpu_kv_cache_gib))
     style = load_config(scoreboard.PLAIN if args.side == "plain" else args.config).prompt_style()
     model = Path(cfg.model if args.side == "plain" else args.model).resolve()
-    target = next(t for t in scoreboard.decision_set(args.benchmarks, only=[args.file]))
+    target = next(t for t in scoreboard.decision_set(args.benchmarks, only=[args.file], checked=False))  # timed only
     _, problems = scoreboard.read_items(target)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     ids = scoreboard.prompt_ids(tokenizer, style, target, problems[: args.items])

@@ -21,7 +21,8 @@ so the default's seeds are trained once; an interrupted one
 resumes from its last checkpoint (canoe.py --resume), or starts again when it saved none; a run already scored on
 the same files is not scored again, and the scoreboard's cache holds the plain base's outputs. Before any training
 both configs are loaded as the trainer loads them (a config error, a reward not in REWARD_FUNCS: the trainer's
-message) and the training data and the decision set's files must exist.
+message) and the training data and the decision set's files must exist, each benchmark file with its recorded
+sha256 (the scoreboard's check; --unchecked-benchmarks passes files of your own to it).
 
 The verdict (`Rules`), read on the pooled candidate − baseline column: by default the candidate is adopted when the
 primary metric's interval lies above 0 (cnq500 em with --benchmarks, else synthetic contains) and no row's interval
@@ -378,7 +379,8 @@ def score(run: Run, digests: dict[str, str], args: argparse.Namespace) -> None:
     command = [sys.executable, str(ROOT / "bench" / "scoreboard.py"), "--model", str(policy(run)),
                "--config", str(run.folder / "run.toml"), "--synthetic", str(args.synthetic),
                "--heldout", str(args.heldout), "--cache", str(args.cache), "--draws", str(args.draws), "--only", *digests,
-               *(["--benchmarks", str(args.benchmarks)] if args.benchmarks else [])]
+               *(["--benchmarks", str(args.benchmarks)] if args.benchmarks else []),
+               *(["--unchecked-benchmarks"] if args.unchecked_benchmarks else [])]
     if subprocess.run(command, cwd=ROOT).returncode:
         raise SystemExit(f"error: the scoreboard of {run.side} seed {run.seed} failed; the next compare retries it")
     marker = {"files": digests, "seconds": time.perf_counter() - start}
@@ -419,6 +421,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline", type=Path, default=DEFAULT, help="what it is held against (config.toml)")
     parser.add_argument("--seeds", type=int, nargs="+", help="default 42 7 1234; a screen's: 42")
     parser.add_argument("--benchmarks", type=Path, help="the scoreboard's benchmark folder (its --benchmarks)")
+    parser.add_argument("--unchecked-benchmarks", action="store_true", help="score --benchmarks files whose sha256 "
+                        "is not the recorded one (your own files; by default such a file stops it before training)")
     parser.add_argument("--synthetic", type=Path, default=scoreboard.SYNTHETIC, help="the synthetic eval file")
     parser.add_argument("--heldout", type=Path, default=scoreboard.HELDOUT, help="the hand-written held-out file")
     parser.add_argument("--primary", help="ROW:METRIC of the verdict (default cnq500:em with --benchmarks, a "
@@ -460,7 +464,8 @@ def checked(args: argparse.Namespace) -> tuple[Config, Config, list, Rules]:
     """Everything that can be wrong before training: both configs, the decision set's files, the verdict's metric."""
     candidate, baseline = load(args.config), load(args.baseline)
     screen = SCREEN if args.screen and args.benchmarks else None
-    targets = scoreboard.decision_set(args.benchmarks, args.synthetic, args.heldout, screen)
+    targets = scoreboard.decision_set(args.benchmarks, args.synthetic, args.heldout, screen,
+                                      not args.unchecked_benchmarks)
     if len(set(args.seeds)) != len(args.seeds):
         raise SystemExit(f"error: --seeds {args.seeds}: each seed once")
     if args.screen and len(args.seeds) != 1:

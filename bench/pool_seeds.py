@@ -103,9 +103,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("predictions", nargs="+", type=Path, help="scoreboard.predictions.jsonl, one per seed")
     parser.add_argument("--benchmarks", type=Path, help="the folder the scoreboards read (--benchmarks)")
+    parser.add_argument("--unchecked-benchmarks", action="store_true", help="read --benchmarks files whose sha256 "
+                        "is not the recorded one (the scoreboards' own --unchecked-benchmarks)")
     parser.add_argument("--draws", type=int, default=scoreboard.DRAWS)
     args = parser.parse_args(argv)
-    targets = scoreboard.decision_set(args.benchmarks)
+    targets = scoreboard.decision_set(args.benchmarks, checked=not args.unchecked_benchmarks)
     runs = [read_predictions(path) for path in args.predictions]
     if any(run[name]["plain"] != runs[0][name]["plain"] for run in runs for name in run):
         raise SystemExit("error: the plain base's outputs differ between these files: not one configuration's seeds "

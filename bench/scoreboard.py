@@ -9,7 +9,8 @@ and, from `--benchmarks DIR` (the user's own copies; left out when not given), C
 `confiqa` suite (em, ps, mr in percent, pooled as confiqa75), items 0-299 of followrag-nq.json under `followrag`
 (em) and items 0-499 of cnq-nqswap.dev500.json (NQ-Swap in CANOE's CNQ format) under `cnq` (em; contains,
 sentence and org, `per_item_hits`), scored by the official rules (suites.py). Every item is answered: no prompt is
-dropped for its length.
+dropped for its length. Each benchmark file must have the sha256 docs/evaluation.md records (`recorded`): another
+stops the run before anything is scored, unless --unchecked-benchmarks (a file of your own).
 
 The two sides:
 - the policy, under `--config`'s prompt (the one it was trained with). A LoRA checkpoint (a `policy/` folder with
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import re
 import shutil
@@ -58,6 +60,11 @@ import data  # noqa: E402
 from evaluation import evaluate  # noqa: E402
 from evaluation import suites  # noqa: E402
 from config import load_config  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("prepare_benchmarks", ROOT / "scripts" / "prepare_benchmarks.py")
+prepare_benchmarks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(prepare_benchmarks)
+RECORDED = prepare_benchmarks.RECORDED  # each benchmark file's sha256, as docs/evaluation.md records it
 
 DRAWS = 10_000  # bootstrap resamples: the interval's ends move by well under a point between seeds
 CACHE = ROOT / "runs" / "scoreboard" / "cache"  # both sides' outputs, by cache_key
@@ -95,9 +102,10 @@ SCREEN = "cnq250"
 
 
 def decision_set(benchmarks: Path | None, synthetic: Path = SYNTHETIC, heldout: Path = HELDOUT,
-                 only: list[str] | None = None) -> list[Target]:
+                 only: list[str] | None = None, checked: bool = True) -> list[Target]:
     """The files every policy is scored on; the benchmark files only where `benchmarks` is given; with `only`, those
-    of them by name (a screen's cnq250 alone), so that the others need not exist."""
+    of them by name (a screen's cnq250 alone), so that the others need not exist. Each benchmark file must be the
+    one recorded (`recorded`) unless `checked` is False (--unchecked-benchmarks: a file of the user's own)."""
     targets = [Target("synthetic", synthetic), Target("heldout", heldout)]
     if benchmarks is not None:
         targets += benchmark_targets(benchmarks)
@@ -106,7 +114,8 @@ def decision_set(benchmarks: Path | None, synthetic: Path = SYNTHETIC, heldout: 
     unknown = sorted(set(only or ()) - {t.name for t in targets})
     if unknown:
         raise SystemExit(f"error: {unknown}: not files of this decision set ({', '.join(t.name for t in targets)})")
-    return present([t for t in targets if only is None or t.name in only])
+    chosen = present([t for t in targets if only is None or t.name in only])
+    return recorded(chosen) if checked else chosen
 
 
 def present(targets: list[Target]) -> list[Target]:
@@ -114,6 +123,19 @@ def present(targets: list[Target]) -> list[Target]:
     for target in targets:
         if not target.path.exists():
             raise SystemExit(f"error: {target.name}: {target.path} not found")
+    return targets
+
+
+def recorded(targets: list[Target]) -> list[Target]:
+    """`targets`, each benchmark file checked against its recorded sha256 (RECORDED, what `make benchmarks` checks):
+    another file stops the run in one line with its name, its path and both digests."""
+    for target in targets:
+        expected = RECORDED.get(target.path.name) if target.suite else None
+        digest = expected and hashlib.sha256(target.path.read_bytes()).hexdigest()
+        if digest != expected:
+            raise SystemExit(f"error: {target.name}: {target.path} has sha256 {digest}, not the recorded {expected}: "
+                             "not the file bench/RESULTS.md measured (`make benchmarks` builds it; "
+                             "--unchecked-benchmarks scores a file of your own)")
     return targets
 
 
@@ -452,6 +474,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--synthetic", type=Path, default=SYNTHETIC, help="the synthetic eval file")
     parser.add_argument("--heldout", type=Path, default=HELDOUT, help="the hand-written held-out file")
     parser.add_argument("--only", nargs="+", help="score only these files of the decision set (e.g. cnq500)")
+    parser.add_argument("--unchecked-benchmarks", action="store_true", help="score --benchmarks files whose sha256 is "
+                        "not the recorded one (your own files; by default such a file stops the run)")
     parser.add_argument("--out", type=Path, help="where the JSON and the picture go (default: beside the checkpoint)")
     parser.add_argument("--cache", type=Path, default=CACHE, help="where outputs are cached")
     parser.add_argument("--draws", type=int, default=DRAWS)
@@ -465,7 +489,7 @@ def main(argv: list[str] | None = None) -> None:
     info = evaluate.run_config(model)  # the run that wrote the checkpoint; {} for any other model folder
     dtype = args.dtype or info.get("dtype")  # the checkpoint's own, as `--eval` takes it
     dtype = str(runtime.resolve_dtype(dtype or cfg.dtype)).removeprefix("torch.")
-    targets = decision_set(args.benchmarks, args.synthetic, args.heldout, args.only)
+    targets = decision_set(args.benchmarks, args.synthetic, args.heldout, args.only, not args.unchecked_benchmarks)
     out = args.out or (model.parent if model.name == "policy" else ROOT / "runs" / "scoreboard" / model.name)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -504,7 +528,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"ends right after </think>: {sum(stopped.values())} of {total} "
           f"({', '.join(f'{k} {v}' for k, v in stopped.items())})")
     report = {"model": str(model), "merged_in_float32_from": merged_from, "adapter_applied": policy.adapter,
-              "config": args.config, "plain": args.plain,
+              "config": args.config, "plain": args.plain, "benchmarks_checked": not args.unchecked_benchmarks,
               "base": str(base), "eval_dtype": dtype, "run_dtype": run_dtype, "seed": seed, "draws": args.draws,
               "files": {t.name: {"path": str(t.path), "suite": t.suite, "n": len(items[t.name])} for t in targets},
               "table": table, "example_names": names, "example_copied": copied, "ends_after_think": stopped,

@@ -2,19 +2,23 @@
 releases a user downloaded, by the rules of docs/evaluation.md ("The decision set from public sources"), and check
 each output's sha256 against the one recorded there (`RECORDED`).
 
-    .venv/bin/python scripts/prepare_benchmarks.py --out runs/benchmarks --followrag followRAG_ifnq.json \
-        --confiqa ConFiQA/ --nqswap dev-00000-of-00001.parquet
+    python3 scripts/prepare_benchmarks.py --out runs/benchmarks \
+        --followrag FollowRAG/FollowRAG/followRAG/followRAG_ifnq.json --confiqa Context-DPO/ConFiQA \
+        --nqswap NQ-Swap/data/dev-00000-of-00001.parquet
     make benchmarks FOLLOWRAG=F CONFIQA=DIR NQSWAP=F [OUT=runs/benchmarks]
 
-- `--followrag`: FollowRAG's `followRAG/followRAG_ifnq.json`, copied byte for byte to followrag-nq.json;
+- `--followrag`: FollowRAG's `FollowRAG/followRAG/followRAG_ifnq.json`, copied byte for byte to followrag-nq.json;
 - `--confiqa`: a folder with Context-DPO's `ConFiQA-QA.json`, `ConFiQA-MR.json` and `ConFiQA-MC.json`: items 0-24
   of each, nine fields (`CONFIQA_FIELDS`), to ConFiQA-{QA,MR,MC}.dev25.json;
 - `--nqswap`: NQ-Swap's dev split (the hub's parquet file, or JSON / JSONL rows with its five columns): the rows
   `nqswap_items` keeps, to cnq-nqswap.dev500.json.
 
-Each source given is built; a line per output says whether its sha256 is the recorded one. The exit status is 1
-when one differs: that file is not the one bench/RESULTS.md measured (docs/evaluation.md says which sources could
-not be compared byte for byte).
+FollowRAG and ConFiQA need only the standard library; NQ-Swap's parquet needs `datasets` (imported only then).
+Every source is read and checked before anything is written; a source that cannot be used stops it with one line
+naming the file and what is wrong with it (exit status 1). Each output is written under a temporary name and moved
+into place only when its sha256 is the recorded one; one that differs leaves the file of that name as it was, is
+kept beside it as NAME.differs, and is named in one line with both digests (exit status 1): it is not the file
+bench/RESULTS.md measured (docs/evaluation.md says which sources could not be compared byte for byte).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -29,7 +34,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from data import load_records  # noqa: E402
 from evaluation.suites import normalize  # noqa: E402
 
 RECORDED = {
@@ -46,17 +50,94 @@ NQSWAP_COLUMNS = ("question", "org_context", "org_answer", "sub_context", "sub_a
 NQSWAP_SEED, NQSWAP_ITEMS = 20261128, 500
 
 
+def stop(path: Path, what: str) -> SystemExit:
+    """The one line that stops the build: the file and what is wrong with it."""
+    return SystemExit(f"error: {path}: {what}")
+
+
+def source_text(path: Path, flag: str, expected: str) -> str:
+    """The text of a source file; a missing, unreadable, empty or not UTF-8 one stops the build."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise stop(path, f"not found ({flag} names {expected})") from None
+    except UnicodeDecodeError as err:
+        raise stop(path, f"not UTF-8 text (byte {err.start}): not {expected}") from None
+    except OSError as err:
+        raise stop(path, f"cannot be read ({err.strerror or err})") from None
+    if not text.strip():
+        raise stop(path, f"empty: not {expected}")
+    return text
+
+
+def json_list(path: Path, flag: str, expected: str) -> list:
+    """The JSON list a source file holds. A file cut short, JSON Lines where the list belongs, other JSON or another
+    value stops the build with one line saying which."""
+    text = source_text(path, flag, expected)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        where = f"line {err.lineno} column {err.colno}: {err.msg}"
+        if err.msg == "Extra data":
+            lines = "JSON Lines (one value per line" if text.lstrip().startswith("{") else "more than one JSON value ("
+            raise stop(path, f"{lines}; {where}), not the JSON list {flag} needs: {expected}") from None
+        if err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string"):
+            raise stop(path, f"the JSON ends early ({where}): the file is cut short; download it again") from None
+        raise stop(path, f"not valid JSON ({where})") from None
+    if not isinstance(value, list):
+        raise stop(path, f"a JSON {type(value).__name__}, not the JSON list {flag} needs: {expected}")
+    return value
+
+
+def jsonl_rows(path: Path, flag: str, expected: str) -> list:
+    """The rows of a JSON Lines file; the first line that is not JSON stops the build, named."""
+    lines = source_text(path, flag, expected).split("\n")
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                cut = "; the file is cut short: download it again" if not "".join(lines[number:]).strip() else ""
+                raise stop(path, f"line {number} is not valid JSON (column {err.colno}: {err.msg}){cut}") from None
+    return rows
+
+
 def confiqa_file(records: list, source: Path) -> bytes:
     """Items 0-24 of a ConFiQA subset, each reduced to CONFIQA_FIELDS in that order, as one JSON list."""
-    if not isinstance(records, list) or len(records) < 25:
-        raise SystemExit(f"error: {source}: not a JSON list of at least 25 ConFiQA items")
+    if len(records) < 25:
+        raise stop(source, f"{len(records)} items, not the at least 25 of a ConFiQA subset")
     items = []
     for i, record in enumerate(records[:25]):
+        if not isinstance(record, dict):
+            raise stop(source, f"item {i} is a JSON {type(record).__name__}, not a ConFiQA record")
         missing = [key for key in CONFIQA_FIELDS if key not in record]
         if missing:
-            raise SystemExit(f"error: {source}: item {i} lacks {missing}")
+            raise stop(source, f"item {i} lacks {missing}")
         items.append({key: record[key] for key in CONFIQA_FIELDS})
     return json.dumps(items, ensure_ascii=False, indent=1).encode()
+
+
+def nqswap_rows(path: Path) -> list:
+    """NQ-Swap's dev rows from a JSON list or JSON Lines (the standard library) or the hub's parquet file (pyarrow,
+    which `make setup` installs with `datasets`, imported only here)."""
+    expected = "NQ-Swap's dev split: the hub's parquet file, or JSON / JSONL rows"
+    if path.suffix.lower() == ".json":
+        return json_list(path, "--nqswap", expected)
+    if path.suffix.lower() == ".jsonl":
+        return jsonl_rows(path, "--nqswap", expected)
+    try:
+        import pyarrow.parquet
+    except ModuleNotFoundError as err:
+        raise stop(path, f"reading parquet needs the {err.name!r} package: run `make setup` (or give the rows as "
+                   "JSONL)") from None
+    try:
+        return pyarrow.parquet.read_table(path).to_pylist()
+    except FileNotFoundError:
+        raise stop(path, f"not found (--nqswap names {expected})") from None
+    except (OSError, pyarrow.ArrowException) as err:
+        raise stop(path, f"not a readable parquet file ({str(err).splitlines()[0]}): cut short? download it "
+                   "again") from None
 
 
 def nqswap_items(rows: list[dict], source: Path) -> list[dict]:
@@ -69,9 +150,11 @@ def nqswap_items(rows: list[dict], source: Path) -> list[dict]:
        "org_answer"}."""
     kept, questions = [], set()
     for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise stop(source, f"row {i} is a JSON {type(row).__name__}, not an NQ-Swap row")
         missing = [key for key in NQSWAP_COLUMNS if key not in row]
         if missing:
-            raise SystemExit(f"error: {source}: row {i} lacks {missing}")
+            raise stop(source, f"row {i} lacks {missing}")
         context = normalize(row["sub_context"])
         if (len(row["sub_answer"]) != 1 or normalize(row["sub_answer"][0]) not in context
                 or any(normalize(a) and normalize(a) in context for a in row["org_answer"])):
@@ -85,29 +168,58 @@ def nqswap_items(rows: list[dict], source: Path) -> list[dict]:
             for i, row in kept[:NQSWAP_ITEMS]]
 
 
+def confiqa_source(folder: Path, kind: str) -> Path:
+    """Context-DPO's ConFiQA-`kind`.json in `folder`; a missing one stops the build, pointing at a zip to unpack."""
+    source = folder / f"ConFiQA-{kind}.json"
+    if not folder.is_dir():
+        found = "a file, not a folder" if folder.exists() else "not found"
+        raise stop(folder, f"{found} (--confiqa names Context-DPO's ConFiQA folder)")
+    if not source.exists():
+        zips = ", ".join(sorted(path.name for path in folder.glob("*.zip")))
+        hint = f"it holds {zips}: unzip it there first" if zips else "--confiqa names Context-DPO's ConFiQA folder"
+        raise stop(source, f"not found ({hint})")
+    return source
+
+
 def built(args: argparse.Namespace) -> dict[str, bytes]:
     """Every output the given sources make: file name → bytes."""
     files = {}
     if args.followrag:
+        json_list(args.followrag, "--followrag", "FollowRAG's FollowRAG/followRAG/followRAG_ifnq.json")
         files["followrag-nq.json"] = args.followrag.read_bytes()
     if args.confiqa:
         for kind in ("QA", "MR", "MC"):
-            source = args.confiqa / f"ConFiQA-{kind}.json"
-            if not source.exists():
-                raise SystemExit(f"error: {source} not found (--confiqa names Context-DPO's ConFiQA folder)")
-            files[f"ConFiQA-{kind}.dev25.json"] = confiqa_file(json.loads(source.read_text()), source)
+            source = confiqa_source(args.confiqa, kind)
+            records = json_list(source, "--confiqa", f"Context-DPO's ConFiQA/ConFiQA-{kind}.json")
+            files[f"ConFiQA-{kind}.dev25.json"] = confiqa_file(records, source)
     if args.nqswap:
-        rows = load_records(args.nqswap)
+        rows = nqswap_rows(args.nqswap)
         print(f"{args.nqswap}: {len(rows)} rows (the published dev set has 4,746)")
         items = nqswap_items(rows, args.nqswap)
         files["cnq-nqswap.dev500.json"] = json.dumps(items, ensure_ascii=False, indent=0).encode()
     return files
 
 
+def write_checked(out: Path, name: str, content: bytes) -> str | None:
+    """`content` written to a temporary name in `out`, its sha256 read back, then moved to `out/name` when it is
+    the recorded one (None); else kept beside as NAME.differs, `out/name` left as it was, and the line saying so."""
+    target, temporary, kept = out / name, out / f".{name}.tmp", out / f"{name}.differs"
+    temporary.write_bytes(content)
+    digest = hashlib.sha256(temporary.read_bytes()).hexdigest()
+    if digest == RECORDED[name]:
+        os.replace(temporary, target)
+        print(f"{target}: sha256 {digest}: the recorded one")
+        return None
+    os.replace(temporary, kept)
+    left = "left as it was" if target.exists() else "not written"
+    return (f"error: {target}: the build's sha256 {digest} differs from the recorded {RECORDED[name]}; the build is "
+            f"kept as {kept}, {target} {left}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmarks", help="the folder to write")
-    parser.add_argument("--followrag", type=Path, help="FollowRAG's followRAG/followRAG_ifnq.json")
+    parser.add_argument("--followrag", type=Path, help="FollowRAG's FollowRAG/followRAG/followRAG_ifnq.json")
     parser.add_argument("--confiqa", type=Path, help="the folder of Context-DPO's ConFiQA-{QA,MR,MC}.json")
     parser.add_argument("--nqswap", type=Path, help="NQ-Swap's dev split: parquet, JSON or JSONL")
     args = parser.parse_args(argv)
@@ -115,17 +227,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("give at least one of --followrag, --confiqa, --nqswap")
     files = built(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    differ = []
-    for name, content in files.items():
-        (args.out / name).write_bytes(content)
-        digest = hashlib.sha256(content).hexdigest()
-        same = digest == RECORDED[name]
-        print(f"{args.out / name}: sha256 {digest}: "
-              + ("the recorded one" if same else f"differs from the recorded {RECORDED[name]}"))
-        differ += [] if same else [name]
+    differ = [line for name, content in files.items() if (line := write_checked(args.out, name, content))]
     if differ:
-        raise SystemExit(f"error: {', '.join(differ)} differ from the files the figures in bench/RESULTS.md were "
-                         "measured on (docs/evaluation.md, \"The decision set from public sources\")")
+        print("\n".join(differ), file=sys.stderr)
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

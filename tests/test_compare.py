@@ -184,10 +184,11 @@ def test_a_screen_is_one_seed_on_cnq250_alone(tmp_path, capsys):
     benchmarks = tmp_path / "benchmarks"  # NQ-Swap's file alone: a screen needs no other
     benchmarks.mkdir()
     (benchmarks / "cnq-nqswap.dev500.json").write_text("[]")
-    compare.main([*args, "--screen", "--benchmarks", str(benchmarks), "--dry-run"])
+    mine = ["--benchmarks", str(benchmarks), "--unchecked-benchmarks"]  # "[]" is not the recorded file
+    compare.main([*args, "--screen", *mine, "--dry-run"])
     tasks = [line.split(": ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert tasks == ["[1/2] training idea seed 42", "[2/2] scoring idea seed 42"]  # the config against itself
-    screen = compare.checked(compare.parse([*args, "--screen", "--benchmarks", str(benchmarks)]))
+    screen = compare.checked(compare.parse([*args, "--screen", *mine]))
     (target,), rules = screen[2], screen[3]  # cnq500's file, its first 250 items, the verdict read on them
     assert (target.name, target.path.name, target.suite, target.limit) == ("cnq250", "cnq-nqswap.dev500.json", "cnq",
                                                                            250)
@@ -195,6 +196,40 @@ def test_a_screen_is_one_seed_on_cnq250_alone(tmp_path, capsys):
     assert "cnq250" not in {t.name for t in compare.scoreboard.benchmark_targets(benchmarks)}  # not in the full set
     with pytest.raises(SystemExit, match=r"error: confiqa-qa: .*ConFiQA-QA\.dev25\.json not found"):
         compare.main([*args, "--benchmarks", str(benchmarks), "--dry-run"])  # the compare needs all five
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
+def test_a_benchmark_file_not_the_recorded_one_stops_it_before_training_unless_unchecked(tmp_path, monkeypatch,
+                                                                                        capsys):
+    args = small_config(tmp_path)
+    benchmarks = tmp_path / "benchmarks"
+    benchmarks.mkdir()
+    (benchmarks / "cnq-nqswap.dev500.json").write_text("[]")
+    monkeypatch.setitem(compare.scoreboard.RECORDED, "cnq-nqswap.dev500.json", "0" * 64)
+    with pytest.raises(SystemExit) as stopped:
+        compare.main([*args, "--screen", "--benchmarks", str(benchmarks), "--dry-run"])
+    assert str(stopped.value) == (
+        f"error: cnq250: {benchmarks / 'cnq-nqswap.dev500.json'} has sha256 "
+        f"4f53cda18c2baa0c0354bb5f9a3ecbe5ed12ab4d8e11ba873c2f11161202b945, not the recorded {'0' * 64}: not the "
+        "file bench/RESULTS.md measured (`make benchmarks` builds it; --unchecked-benchmarks scores a file of your own)")
+    assert not (tmp_path / "runs").exists()
+    compare.main([*args, "--screen", "--benchmarks", str(benchmarks), "--unchecked-benchmarks", "--dry-run"])
+    assert "dry run: " in capsys.readouterr().out
+
+
+def test_the_flag_reaches_the_scoreboard(tmp_path, monkeypatch):
+    run = compare.plan_run("default", compare.load_config(ROOT / "config.toml"), 7, "abc", "float32", tmp_path)
+    (run.folder / "checkpoints" / "step-000001").mkdir(parents=True)
+    (run.folder / "checkpoints" / "latest").write_text("step-000001")
+    (run.folder / "checkpoints" / "step-000001" / "trainer_state.json").write_text("{}")
+    commands = []
+    monkeypatch.setattr(compare.subprocess, "run", lambda command, **_: commands.append(command) or
+                        subprocess.CompletedProcess(command, 0))
+    for flags in ([], ["--unchecked-benchmarks"]):
+        args = compare.parse(["--config", str(ROOT / "config.toml"), "--benchmarks", str(tmp_path), *flags])
+        compare.score(run, {"cnq500": "b"}, args)
+    assert [command[command.index("--benchmarks"):] for command in commands] == [
+        ["--benchmarks", str(tmp_path)], ["--benchmarks", str(tmp_path), "--unchecked-benchmarks"]]
 
 
 def test_a_run_scored_on_more_files_is_scored_for_fewer(tmp_path):

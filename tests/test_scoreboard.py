@@ -4,6 +4,7 @@ checkpoint, and one whole board on the smoke model (twice: the second reads ever
 from __future__ import annotations
 
 import doctest
+import hashlib
 import importlib.util
 import json
 import re
@@ -207,8 +208,8 @@ def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
     config.write_text(f'base = "{ROOT / "recipes" / "smoke.toml"}"\nmodel = "{SMOKE_MODEL}"\n'
                       'suite_max_tokens = 24\nmax_completion_tokens = 24\n')
     command = [sys.executable, str(SCRIPT), "--model", str(policy), "--config", str(config), "--dtype", "float32",
-               "--benchmarks", str(benchmarks), "--synthetic", str(synthetic), "--cache", str(tmp_path / "cache"),
-               "--draws", "500"]
+               "--benchmarks", str(benchmarks), "--unchecked-benchmarks", "--synthetic", str(synthetic), "--cache",
+               str(tmp_path / "cache"), "--draws", "500"]  # the fixtures are not the recorded files
     first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "merging" in first.stdout and "from the cache" not in first.stdout
@@ -219,7 +220,7 @@ def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
                                     "nq300", "cnq500"}
     assert report["table"]["confiqa75"]["em"]["n"] == 24 and set(report["table"]["confiqa75"]) == {"em", "ps", "mr"}
     assert set(report["table"]["cnq500"]) == {"em", "contains", "sentence", "org"}
-    assert report["items"] == 78 and report["eval_dtype"] == "float32"
+    assert report["items"] == 78 and report["eval_dtype"] == "float32" and report["benchmarks_checked"] is False
     for metrics in report["table"].values():
         for r in metrics.values():
             for side in ("policy", "plain", "difference"):
@@ -241,6 +242,69 @@ def test_a_whole_board_on_the_smoke_model_and_then_from_the_cache(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "merging" not in again.stdout and again.stdout.count("from the cache") == 14  # 7 files × 2 sides
     assert json.loads((policy.parent / "scoreboard.json").read_text())["table"] == report["table"]
+
+
+HELDOUT = ROOT / "data" / "heldout" / "faithfulness.jsonl"  # tracked: every checkout has it
+
+
+@pytest.fixture
+def recorded_benchmarks(tmp_path, monkeypatch) -> Path:
+    """Five small benchmark files, each recorded as the real one, then cnq-nqswap.dev500.json changed after."""
+    folder = tmp_path / "benchmarks"
+    folder.mkdir()
+    for kind in ("QA", "MR", "MC"):
+        shutil.copy(FIXTURES / "ConFiQA-QA-test.json", folder / f"ConFiQA-{kind}.dev25.json")
+    shutil.copy(FIXTURES / "hq.json", folder / "followrag-nq.json")
+    (folder / "cnq-nqswap.dev500.json").write_text("[]")
+    for path in folder.iterdir():
+        monkeypatch.setitem(sb.RECORDED, path.name, hashlib.sha256(path.read_bytes()).hexdigest())
+    (folder / "cnq-nqswap.dev500.json").write_bytes(MINE)
+    return folder
+
+
+MINE = b'[{"uid": "mine"}]'  # cnq-nqswap.dev500.json once recorded as "[]"
+
+
+def not_recorded(name: str, folder: Path) -> str:
+    """The scoreboard's line for cnq-nqswap.dev500.json changed after it was recorded, under the file name `name`."""
+    return (f"error: {name}: {folder / 'cnq-nqswap.dev500.json'} has sha256 {hashlib.sha256(MINE).hexdigest()}, not "
+            f"the recorded {hashlib.sha256(b'[]').hexdigest()}: not the file bench/RESULTS.md measured (`make "
+            "benchmarks` builds it; --unchecked-benchmarks scores a file of your own)")
+
+
+def test_a_benchmark_file_not_the_recorded_one_stops_the_decision_set(recorded_benchmarks):
+    for only, name in ((None, "cnq500"), (["cnq250"], "cnq250")):
+        with pytest.raises(SystemExit) as stopped:
+            sb.decision_set(recorded_benchmarks, HELDOUT, HELDOUT, only)
+        assert str(stopped.value) == not_recorded(name, recorded_benchmarks)
+    # the files recorded pass; unchecked, the changed one too
+    assert [t.name for t in sb.decision_set(recorded_benchmarks, HELDOUT, HELDOUT, ["confiqa-qa", "nq300"])] == [
+        "confiqa-qa", "nq300"]
+    assert [t.name for t in sb.decision_set(recorded_benchmarks, HELDOUT, HELDOUT, checked=False)] == [
+        "synthetic", "heldout", "confiqa-qa", "confiqa-mr", "confiqa-mc", "nq300", "cnq500"]
+
+
+def test_the_scoreboard_stops_on_it_before_any_model_and_the_flag_lets_it_through(tmp_path, recorded_benchmarks,
+                                                                                    monkeypatch, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    args = ["--model", str(model), "--dtype", "float32", "--benchmarks", str(recorded_benchmarks), "--synthetic",
+            str(HELDOUT), "--heldout", str(HELDOUT), "--out", str(tmp_path / "out")]
+
+    def reached(*_):
+        raise RuntimeError("the policy's model is read: the files were accepted")
+
+    monkeypatch.setattr(sb, "policy_folder", reached)
+    with pytest.raises(SystemExit) as stopped:
+        sb.main(args)
+    assert str(stopped.value) == not_recorded("cnq500", recorded_benchmarks)
+    with pytest.raises(RuntimeError, match="the files were accepted"):
+        sb.main([*args, "--unchecked-benchmarks"])
+    with pytest.raises(SystemExit):
+        sb.main(["--help"])
+    assert ("--unchecked-benchmarks score --benchmarks files whose sha256 is not the recorded one (your own files; "
+            "by default such a file stops the run)") in " ".join(capsys.readouterr().out.split())
 
 
 def test_the_pooled_difference_widens_with_the_spread_between_seeds():
