@@ -141,6 +141,23 @@ def _shade(value: float, scale: float, hue: int) -> str:
     return f' style="background:hsla({hue},85%,55%,{0.6 * alpha:.2f})"'
 
 
+def _glance(trace: dict, derived: dict) -> str:
+    """The step on one screen: each completion's short answer, rewards, r, A and mean ℓ, then the loss."""
+    names, cfg = list(trace["reward_weights"]), trace["config"]
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
+    rows = "".join(
+        f"<tr><td>{i + 1}</td><td class='tok'>{html.escape(str(tag_content(c['text'], 'answer')))}</td>"
+        + "".join(f"<td>{c['scores'][n]:g}</td>" for n in names)
+        + f"<td><b>{c['reward']:g}</b></td><td>{_n(c['advantage'])}</td><td>{len(c['tokens'])}</td>"
+        f"<td>{_n(derived['sequence_means'][i], 5)}</td></tr>" for i, c in enumerate(trace["completions"]))
+    first = trace["passes"][0]
+    return (f"<p>Solution: <b>{html.escape(str(trace['prompt'].get('solution')))}</b>. Group: mean(r) = "
+            f"{_n(derived['reward_mean'])}, std(r) = {_n(derived['reward_std'])}. Loss: {_n(derived['rank_loss'], 6)} "
+            f"added up here, {_n(trace['logged']['loss'], 6)} logged; learning rate {first['lr']:.3g}.</p>"
+            f"<table class='num'><tr><th>i</th><th>&lt;answer&gt;</th>{head}<th>r<sub>i</sub></th>"
+            f"<th>A<sub>i</sub></th><th>tokens</th><th>mean ℓ</th></tr>{rows}</table>")
+
+
 def _prompt(trace: dict) -> str:
     text, passage = trace["prompt"]["text"], trace["prompt"]["passage"]
     at = text.rfind(passage) if passage else -1  # the question's passage: the worked example has one too
@@ -249,14 +266,15 @@ STYLE = """body{font:14px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em 
 pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em;margin:0}mark{background:#ffe48a}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;vertical-align:top}
 table.num td{text-align:right;font-family:monospace}td.tok{text-align:left}tr.off{color:#aaa}
-td.text{max-width:560px}b.think{color:#777}b.long_answer{color:#0a6}b.answer{color:#c40}
+td.text{max-width:520px}b.think{color:#777}b.long_answer{color:#0a6}b.answer{color:#c40}
 nav a{margin-right:1em}h2{border-bottom:1px solid #ddd;margin-top:1.6em}"""
 
 
 def render(trace: dict, run_dir: Path) -> str:
     """The page: one HTML document, its style inline, no script."""
     derived, cfg = trace["derived"], trace["config"]
-    sections = [("prompt", "The prompt, its passage marked", _prompt(trace)),
+    sections = [("glance", "The step at a glance", _glance(trace, derived)),
+                ("prompt", "The prompt, its passage marked", _prompt(trace)),
                 ("rewards", f"{cfg['num_generations']} completions and their rewards", _rewards(trace, derived)),
                 ("advantages", "The group's advantages", _advantages(trace, derived)),
                 ("stage2", "Stage 2: each long answer in the passage's place", _stage2(trace)),
