@@ -380,6 +380,8 @@ def train(cfg: Config, resume: bool, verbose: bool = False) -> None:
         loop(run)
     if run.rank == 0:  # only rank 0's output folder is sure to hold the checkpoint (a node-local disk may not)
         print0(f"done: {run.step} steps; policy in {checkpoint.latest_checkpoint(run.out) / 'policy'}")
+    # Every rank, on this path only: after a failure NCCL's shutdown could wait for a rank that is gone.
+    runtime.leave_process_group()
 
 
 def loop(run: Run) -> None:

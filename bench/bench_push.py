@@ -44,7 +44,7 @@ def main() -> None:
 
     import canoe
     from config import load_config
-    from plumbing import lora, weight_sync
+    from plumbing import lora, runtime, weight_sync
     import grpo_loss
     from training import packing
 
@@ -101,6 +101,7 @@ def main() -> None:
     for part, seconds in times.items():
         print(f"  {part:16s} {statistics.median(seconds):7.3f}   ({', '.join(f'{s:.2f}' for s in seconds)})")
     run.grader.close()
+    runtime.leave_process_group()
 
 
 def _name(model, parameter) -> str:

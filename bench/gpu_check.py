@@ -566,4 +566,5 @@ if __name__ == "__main__":
         code = main()
     except Exception:
         stopped("gpu_check, outside its checks")
+    runtime.leave_process_group()  # the DeepSpeed check joined a world of one
     sys.exit(code)

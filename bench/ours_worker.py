@@ -46,6 +46,7 @@ def main() -> None:
 
     import canoe
     from config import Config
+    from plumbing import runtime
 
     per_micro = args.micro_prompts
     cfg = Config(
@@ -73,9 +74,10 @@ def main() -> None:
             peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             print(json.dumps({"peak_rss_mib": peak_kib / 1024}), file=protocol, flush=True)
             run.grader.close()
-            return
+            break
         elif command:
             print(json.dumps({"error": f"unknown command {command!r}"}), file=protocol, flush=True)
+    runtime.leave_process_group()
 
 
 if __name__ == "__main__":

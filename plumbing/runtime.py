@@ -75,6 +75,22 @@ def init_distributed(timeout_minutes: float | None = None) -> tuple[int, int]:
     return rank, world_size
 
 
+def leave_process_group() -> None:
+    """Leave the process group, and vLLM's groups within it, before this process exits: one that exits with a live
+    group can abort in the group's C++ destructor ("terminate called without an active exception", SIGABRT).
+
+    No barrier, but NCCL's shutdown may wait for the other ranks: call it on every rank on the normal path, never
+    after another rank failed (`stop_together`'s path). vLLM's groups go first: its engine destroys them when it is
+    collected or at exit, which raises on groups already destroyed with the world group; after this it finds none.
+    """
+    vllm_groups = sys.modules.get("vllm.distributed.parallel_state")
+    if vllm_groups is not None:
+        vllm_groups.destroy_model_parallel()
+        vllm_groups.destroy_distributed_environment()  # its world group too: the one `init_distributed` joined
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def unlink_shm_buffer(rank: int, world_size: int) -> None:
     """Remove this rank's DeepSpeed all-reduce buffer (64 MiB, never removed by DeepSpeed) from /dev/shm once every
     rank has mapped it; DeepSpeed's own condition for a buffer decides, so every rank takes the same branch."""

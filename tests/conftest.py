@@ -56,6 +56,18 @@ def torch_linear_restored():
     torch.nn.functional.linear = linear
 
 
+@pytest.fixture(scope="session", autouse=True)
+def process_group_left():
+    """The process group this pytest process joined (test_sleep_order's `process_group`, kept for the session),
+    left at the session's end: a process that exits with a live group can abort at exit
+    (runtime.leave_process_group)."""
+    yield
+    if torch.distributed.is_initialized():
+        from plumbing import runtime
+
+        runtime.leave_process_group()
+
+
 @pytest.fixture(scope="session")
 def math_grader():
     """One grading pool for every file that grades: 2 workers, a DEADLINE_S deadline, R1-Zero's grader loaded. The

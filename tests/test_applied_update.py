@@ -194,5 +194,8 @@ def train_one_step(way: str, model: str) -> dict:
 
 
 if __name__ == "__main__":
+    from plumbing import runtime
+
     scenario = json.loads(sys.argv[1])
     print("RESULT " + json.dumps({way: train_one_step(way, scenario["model"]) for way in scenario["ways"]}), flush=True)
+    runtime.leave_process_group()

@@ -40,6 +40,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from conftest import SMOKE_MODEL
+
 ROOT = Path(__file__).resolve().parent.parent
 ACCEL = "accel"
 RESULT = "RESULT "
@@ -112,6 +114,21 @@ def test_counts_are_summed_and_rates_averaged_over_ranks():
     ranks = run_ranks("counts", world=2)
     for result in ranks:
         check_step_metrics(result["metrics"])
+
+
+def test_each_rank_leaves_the_group_it_joined_and_exits_cleanly():
+    """runtime.leave_process_group after a collective, as canoe.train ends: the group is gone and both ranks exit
+    with 0 (`run_ranks` checks it); a rank that exits with a live group can abort at exit (SIGABRT, -6)."""
+    for result in run_ranks("leave", world=2):
+        assert result == {"joined": True, "sum": 1.0, "left": True, "groups": 0, "left_twice": True}
+
+
+@pytest.mark.skipif(not SMOKE_MODEL.exists(), reason="run `make setup` first (makes models/smoke-llama)")
+def test_a_rank_with_a_vllm_engine_leaves_before_the_engine_cleans_up():
+    """vLLM's engine makes its groups within the trainer's and destroys them when it is collected or at exit; after
+    runtime.leave_process_group that clean-up finds none of them left to destroy, and raises nothing."""
+    (result,) = run_ranks("leave_engine", world=1)
+    assert result == {"vllm_groups": True, "left": True}
 
 
 def check_step_metrics(metrics: dict) -> None:
@@ -249,6 +266,32 @@ def scenario_counts() -> dict:
     return {"metrics": metrics}
 
 
+def scenario_leave() -> dict:
+    from plumbing import runtime
+
+    rank, _ = runtime.init_distributed()  # as canoe.train joins: DeepSpeed's group, gloo on the CPU
+    joined = dist.is_initialized()
+    (total,) = runtime.all_reduce_values([float(rank)])  # 0 + 1
+    runtime.leave_process_group()
+    left, groups = not dist.is_initialized(), len(dist.distributed_c10d._world.pg_map)
+    runtime.leave_process_group()  # once left (or never joined), nothing to do
+    return {"joined": joined, "sum": total, "left": left, "groups": groups, "left_twice": not dist.is_initialized()}
+
+
+def scenario_leave_engine() -> dict:
+    from plumbing import runtime  # noqa: I001  (before vLLM loads)
+    import rollout
+    from vllm.distributed import parallel_state
+
+    runtime.init_distributed()
+    llm = rollout.make_engine(str(SMOKE_MODEL), dtype="float32", seed=0, max_model_len=256,
+                              gpu_memory_utilization=0.5, enable_sleep_mode=False)
+    vllm_groups = parallel_state._WORLD is not None and parallel_state._TP is not None
+    runtime.leave_process_group()
+    llm.llm_engine.engine_core.shutdown()  # the engine's clean-up, now rather than at exit, where it would only print
+    return {"vllm_groups": vllm_groups, "left": not dist.is_initialized()}
+
+
 class AcceleratorTensor(torch.Tensor):
     """A tensor on the "accel" device whose data is an ordinary CPU tensor, `inner`."""
 
@@ -315,7 +358,8 @@ class Accelerator(TorchDispatchMode):
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     scenario = sys.argv[1]
-    result = {"devices": scenario_devices, "accelerator": scenario_accelerator, "counts": scenario_counts}[scenario]()
+    result = {"devices": scenario_devices, "accelerator": scenario_accelerator, "counts": scenario_counts,
+              "leave": scenario_leave, "leave_engine": scenario_leave_engine}[scenario]()
     print(RESULT + json.dumps(result), flush=True)
 
 
