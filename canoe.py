@@ -8,11 +8,12 @@
     python canoe.py --describe-config                    # every config key with its meaning and default
     python canoe.py --config config.toml --plan-memory   # the memory plan per GPU (training/cli.py)
 
-`train_step` is CANOE's step (arXiv 2505.16483) in six numbered steps. docs/reading-map.md lists every function
-below it that computes a quantity of its equations, with its depth; the README walks it in twelve stops. The
-machinery (timing, metrics, the weight push, checkpoints, the command line) lives in training/ and plumbing/, one
-call each. Each deliberate difference from the original CANOE code names its entry of docs/differences.md where
-it happens.
+`train_step` is CANOE's step (arXiv 2505.16483) in six numbered steps; it calls the step's maths itself, with the
+config's values, and each variant the config names beside CANOE's (variants.py). docs/reading-map.md lists every
+function below it that computes a quantity of its equations, with its depth; the README walks it in nine stops.
+The machinery (the weight push and its probe, answer equivalence, packing, sleep, seeds, timing, metrics,
+checkpoints, the command line) sits behind one call each, whose comment says what it guarantees. Each deliberate
+difference from the original CANOE code names its entry of docs/differences.md where it happens.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ import rollout
 from config import Config, ConfigError
 from grpo_loss import completion_logprobs, grpo_loss
 from rewards import score
-from variants import Variants
+from variants import ADVANTAGE_RULES, Variants, dynamic_sampling, kept_sequences
 
 from grading.grader import MathGrader
 from plumbing import checkpoint, lora, weight_sync
@@ -71,8 +72,7 @@ class Run:
     prompt_sampler: data.PromptSampler  # this rank's prompts, step by step
     grader: Any
     total_steps: int
-    variants: Variants  # the GRPO variants the config turns on (none by default)
-    rollout: Callable[..., rollout.Rollout]  # `rollout_batch`, or it wrapped in dynamic sampling
+    variants: Variants  # what `update` reads: μ and the loss's options (variants.py)
     push: WeightPush  # step 6: the push into vLLM and its checks
     out: Path
     step: int = 0
@@ -113,9 +113,8 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     grader = MathGrader(workers=cfg.reward_workers, deadline_s=cfg.reward_deadline_s)
     push = WeightPush.create(cfg, llm, weight_sync.make_probe(tokenizer, rows[0]["prompt_ids"]), dtype,
                              adapter=adapter, sleep=sleep, folder=out / "vllm-adapter" / f"rank-{rank}")
-    variants = Variants.create(cfg)
     run = Run(cfg, rank, world_size, device, tokenizer, engine, reference, llm, rows, sampler, grader, total_steps,
-              variants, variants.rollout(rollout_batch), push, out)
+              Variants.create(cfg), push, out)
     if resume:
         restore(run)
     return run
@@ -188,17 +187,23 @@ def restore(run: Run) -> None:
 def train_step(run: Run) -> Step:
     """One Dual-GRPO step on this rank's next batch of B prompts (N = B·G completions); returns what happened."""
 
+    cfg, G = run.cfg, run.cfg.num_generations
+
     # 1. Rollout (vLLM). Stage 1: G samples per prompt. Stage 2: each sample's long answer in place of its
     #    prompt's context, one new sample from that (None where there is no long answer to put in).
     # 2. Rewards: every configured reward function scores every completion; the total is their weighted sum.
-    sampled = run.rollout(run)  # `rollout_batch` (or dynamic sampling around it): B rows, N completions, (N, R) scores
+    sampled = rollout_batch(run)  # B rows, N completions, their (N, R) scores
+    # DAPO's dynamic sampling (off by default): each group whose advantages are all equal is refilled from new draws.
+    sampled = dynamic_sampling(run, sampled, rollout_batch) if cfg.dynamic_sampling_draws else sampled
     weight_sync.sleep_engine(run.llm, run.push.sleep)  # vLLM's memory goes to the trainer until step 6 (CUDA only)
-    rewards = sampled.scores @ run.variants.reward_weights  # (N,)
+    rewards = sampled.scores @ cfg.reward_weights  # (N,): (N, R) @ (R,), the [rewards] table's weights
 
-    # 3. Group-relative advantages (variants.canoe_advantages → grpo_loss.group_advantages by default), and the
-    #    sequences that enter the loss: all of them, unless a DAPO mask drops some (variants.kept_sequences).
-    advantages = run.variants.advantages(rewards, sampled.scores)  # (N,)
-    kept = run.variants.kept(advantages, sampled.completions)  # (N,) bool
+    # 3. Group-relative advantages by the config's rule (CANOE's: variants.canoe_advantages, which calls
+    #    grpo_loss.group_advantages; GDPO's beside it), and the (N,) bool sequences that enter the loss: all of
+    #    them, unless a DAPO mask drops some.
+    rule = ADVANTAGE_RULES[cfg.advantage_rule]
+    advantages = rule(rewards, sampled.scores, cfg.reward_weights, G, cfg.advantage_eps, cfg.advantage_std)  # (N,)
+    kept = kept_sequences(advantages, sampled.completions, G, cfg.mask_truncated, cfg.skip_zero_variance_groups)
 
     # 4. Micro-batches, each packed into one row, the loss's denominators over every rank, and what does not
     #    change while training on this rollout: π_ref (for the KL) and π_old (the policy that sampled, for ρ).
@@ -209,7 +214,8 @@ def train_step(run: Run) -> Step:
     # 5. π_θ, the loss and its backward per micro-batch; DeepSpeed applies the update at the last one.
     losses = update(run, micro, totals)
 
-    # 6. Push the new weights into vLLM and prove that they arrived (training/push.py).
+    # 6. Machinery: the new weights into vLLM, and the probe's proof that vLLM now gives the trainer's log-probabilities
+    #    (training/push.py; it raises when they did not arrive).
     pushed = run.push(run.engine)
 
     run.step += 1
@@ -227,21 +233,18 @@ def rollout_batch(run: Run, draw: int = 0) -> rollout.Rollout:
     with timing(run, "stage1"):
         completions = rollout.generate_stage1(run.llm, [r["prompt_ids"] for r in rows], num_generations=G,
                                               **sampling)  # N completions, prompt-major
+    # Machinery: data.render_prompt renders a problem as stage 1's prompts are (system prompt, example, template).
+    render = lambda problem: run.tokenizer(data.render_prompt(run.tokenizer, problem, **cfg.prompt_style()),
+                                           add_special_tokens=False)["input_ids"]
     with timing(run, "stage2"):  # N entries; none without `dual`
         stage2 = rollout.generate_stage2(run.llm, [r["problem"] for r in rows], completions, group_size=G,
-                                         render=lambda problem: stage2_prompt_ids(run, problem),
+                                         render=render,
                                          max_prompt_tokens=cfg.max_prompt_tokens + cfg.max_completion_tokens,
                                          **sampling) if cfg.dual else rollout.Stage2.none(len(completions))
     with timing(run, "rewards"):
         scores = score(cfg.rewards, rows, completions, stage2.completions, G, grader=run.grader,
                        log_dir=str(run.out))  # (N, R)
     return rollout.Rollout(rows, completions, stage2, scores)
-
-
-def stage2_prompt_ids(run: Run, problem: str) -> list[int]:
-    """A stage-2 problem as prompt token ids, with stage 1's system prompt and chat template."""
-    return run.tokenizer(data.render_prompt(run.tokenizer, problem, **run.cfg.prompt_style()),
-                         add_special_tokens=False)["input_ids"]
 
 
 @dataclass
@@ -261,11 +264,13 @@ class Batch:
 
 def micro_batches(run: Run, batch: rollout.Rollout, advantages: torch.Tensor, kept: torch.Tensor) -> list[Batch]:
     """Micro-batches of prompts_per_device prompts, each packed into one row with every prompt once (packing.py)."""
-    M, G = run.cfg.sequences_per_micro_batch, run.cfg.num_generations
+    M, G = run.cfg.sequences_per_micro_batch, run.cfg.num_generations  # M = prompts_per_device · G
     batches = []
     for start in range(0, len(batch.completions), M):
         part = batch.completions[start : start + M]
         prompts = [batch.rows[(start + i) // G]["prompt_ids"] for i in range(len(part))]
+        # Machinery: one row per micro-batch; completion_mask (M, C) is 1 exactly on each completion's tokens, and
+        # grpo_loss.completion_logprobs reads it as plain_completion_logprobs does each sequence alone.
         packed = packing.pack_micro_batch(prompts, [c.token_ids for c in part], run.device)
         mask = packed.completion_mask * kept[start : start + M, None].to(packed.completion_mask)  # (M, C)
         vllm_logprobs = torch.zeros(mask.shape)  # (M, C)
@@ -282,6 +287,7 @@ def loss_denominators(kept: torch.Tensor, batches: list[Batch]) -> dict[str, flo
     over ranks, so each count is divided by the ranks. Differs from CANOE (docs/differences.md, D14): the loss does
     not depend on the micro-batch split."""
     local = [float(kept.sum()), float(sum(b.mask.sum() for b in batches))]
+    # Machinery: all_reduce_values is the element-wise sum over every rank.
     sequences, tokens = (v / dist.get_world_size() for v in all_reduce_values(local))
     return {"total_sequences": sequences, "total_tokens": max(tokens, 1.0)} if sequences else None
 
@@ -299,11 +305,11 @@ def fixed_logprobs(run: Run, batches: list[Batch], totals: dict | None) -> None:
         if run.cfg.beta:
             reference = run.engine if run.reference is None else run.reference
             reference.eval()
-            with lora.adapters_disabled(reference):
-                for batch in batches:
+            with lora.adapters_disabled(reference):  # machinery: under LoRA the policy with its adapters off
+                for batch in batches:  # completion_logprobs: plain_completion_logprobs of each sequence, packed
                     batch.ref = completion_logprobs(reference, batch.packed, run.cfg.temperature)
     with timing(run, "old_logprobs"):
-        if run.variants.num_iterations > 1:
+        if run.cfg.num_iterations > 1:
             run.engine.train()  # as in the training passes
             for batch in batches:
                 batch.old = completion_logprobs(run.engine, batch.packed, run.cfg.temperature)

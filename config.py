@@ -141,6 +141,11 @@ class Config:
     def sequences_per_micro_batch(self) -> int:
         return self.prompts_per_device * self.num_generations
 
+    @property
+    def reward_weights(self) -> torch.Tensor:
+        """`(R,)` float32: the weight of each reward of `rewards`, in its order (rewards.score's columns)."""
+        return torch.tensor(list(self.rewards.values()), dtype=torch.float32)
+
     def lora_settings(self) -> dict[str, Any]:
         """lora.wrap's keywords."""
         return {"rank": self.lora_rank, "alpha": self.lora_alpha, "dropout": self.lora_dropout,

@@ -124,6 +124,7 @@ def accuracy_reward(completions: list, solution: list, grader: MathGrader | None
     solutions = _column(solution, len(texts), "accuracy", "solution")
     graded = [i for i, (text, gold) in enumerate(zip(texts, solutions)) if text is not None and isinstance(gold, str)]
     golds, preds = [answer_span(solutions[i]) for i in graded], [answer_span(texts[i]) for i in graded]
+    # Machinery: True where CANOE's math_equal holds, False past the deadline (grading/grader.py).
     verdicts = (grader or default_grader()).equivalent_batch(golds, preds) if graded else []
     verdict = dict(zip(graded, verdicts))
     rewards = [1.0 if verdict.get(i) else 0.0 for i in range(len(texts))]

@@ -1,13 +1,13 @@
-"""Every GRPO variant beyond CANOE's, behind one door: chosen once at set-up from the config (`Variants.create`), so
-`canoe.train_step` reads the same whichever are on; with the defaults every one is off (D15). Each one's paper and
-what it did on our runs: docs/loss-options.md.
+"""Every GRPO variant beyond CANOE's, side by side with CANOE's own piece of each kind; `canoe.train_step` picks
+them by the config's values, and with the defaults every one is off (D15). Each one's paper and what it did on our
+runs: docs/loss-options.md.
 
 - advantage rules (`ADVANTAGE_RULES`, the config's `advantage_rule`): CANOE's, or GDPO's decoupled one; Dr. GRPO's
   `advantage_std = "none"` is an argument of `grpo_loss.group_advantages`;
 - the loss's pieces handed to `grpo_loss.grpo_loss` (`AGGREGATIONS`, `RATIO_LEVELS`, `SURROGATE_WEIGHTS`): DAPO's
   token-mean, Dr. GRPO's constant normaliser, GSPO's sequence ratio, truncated importance sampling; DAPO's
-  clip-higher and PPO's μ passes per rollout are plain numbers;
-- DAPO's masks (`mask_truncated`, `skip_zero_variance_groups`) and dynamic sampling (`dynamic_sampling_draws`).
+  clip-higher and PPO's μ passes per rollout are plain numbers (`Variants.create` gathers them for `canoe.update`);
+- DAPO's masks (`kept_sequences`) and dynamic sampling (`dynamic_sampling`).
 
 A new rule or piece is one function with its kind's signature (written above each registry) and one registry line.
 """
@@ -15,7 +15,6 @@ A new rule or piece is one function with its kind's signature (written above eac
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -139,7 +138,7 @@ SURROGATE_WEIGHTS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
 # --- DAPO's masks: which sequences enter the loss -----------------------------------------------------------------
 
 
-def kept_sequences(advantages: Tensor, completions: list, group_size: int, *, mask_truncated: bool = False,
+def kept_sequences(advantages: Tensor, completions: list, group_size: int, mask_truncated: bool = False,
                    skip_zero_variance_groups: bool = False) -> Tensor:
     """`(N,)` bool: which sequences enter the loss, all of them unless a DAPO mask is on (arXiv 2503.14476).
     `mask_truncated` drops a completion cut off by the token limit (its reward judges an unfinished text);
@@ -176,48 +175,46 @@ def refills(zero_variance: Tensor, varied: Tensor) -> list[tuple[int, int]]:
     return list(zip(zero_variance.nonzero().flatten().tolist(), varied.nonzero().flatten().tolist()))
 
 
-def dynamic_sampling(rollout: Callable, draws: int, zero_variance: Callable[[Tensor], Tensor]) -> Callable:
-    """`rollout(run, draw)` → a batch (rollout.Rollout) wrapped so that, while some rank holds a group whose
-    advantages are all equal (`zero_variance(scores)`, (B,) bool) and fewer than `draws` extra draws were made,
-    every rank draws its next B prompts, samples and scores them, and each such group is replaced, in order, by a
-    new group whose advantages vary (`refills`). Groups still without variance after `draws` draws stay. The ranks
-    draw together, so their samplers stay in step (and a checkpoint resumes them). Logs `rollout/extra_draws`,
-    `rollout/replaced_groups`.
+def flat_groups(scores: Tensor, cfg) -> Tensor:
+    """`(B,)` bool: the groups whose advantages, as `canoe.train_step` computes them from `scores` `(N, R)` with the
+    config's rule, are all equal: they teach nothing but the KL."""
+    weights, G = cfg.reward_weights, cfg.num_generations  # (R,)
+    rule = ADVANTAGE_RULES[cfg.advantage_rule]
+    return zero_variance_groups(rule(scores @ weights, scores, weights, G, cfg.advantage_eps, cfg.advantage_std), G)
+
+
+def dynamic_sampling(run, batch, rollout: Callable):
+    """`batch` (rollout.Rollout, drawn by `rollout(run, 0)`) refilled: while some rank holds a group whose advantages
+    are all equal (`flat_groups`) and fewer than the config's `dynamic_sampling_draws` extra draws were made, every
+    rank draws its next B prompts (`rollout(run, draw)`), samples and scores them, and each such group is replaced,
+    in order, by a new group whose advantages vary (`refills`). Groups still without variance after the last draw
+    stay. The ranks draw together, so their samplers stay in step (and a checkpoint resumes them). Logs
+    `rollout/extra_draws`, `rollout/replaced_groups`.
     """
-
-    def sample(run, draw: int = 0):
-        batch = rollout(run, draw)
-        extra = replaced = 0
-        for draw in range(1, draws + 1):
-            holes = zero_variance(batch.scores)  # (B,)
-            (anyone,) = all_reduce_values([float(holes.any())], op=dist.ReduceOp.MAX)
-            if not anyone:
-                break
-            extra += 1
-            fresh = rollout(run, draw)
-            pairs = refills(holes, ~zero_variance(fresh.scores))
-            batch = batch.refilled(fresh, pairs)
-            replaced += len(pairs)
-        return dataclasses.replace(batch, metrics={"rollout/extra_draws": extra, "rollout/replaced_groups": replaced})
-
-    return sample
+    extra = replaced = 0
+    for draw in range(1, run.cfg.dynamic_sampling_draws + 1):
+        holes = flat_groups(batch.scores, run.cfg)  # (B,)
+        (anyone,) = all_reduce_values([float(holes.any())], op=dist.ReduceOp.MAX)
+        if not anyone:
+            break
+        extra += 1
+        fresh = rollout(run, draw)
+        pairs = refills(holes, ~flat_groups(fresh.scores, run.cfg))
+        batch = batch.refilled(fresh, pairs)
+        replaced += len(pairs)
+    return dataclasses.replace(batch, metrics={"rollout/extra_draws": extra, "rollout/replaced_groups": replaced})
 
 
-# --- The door -----------------------------------------------------------------------------------------------------
+# --- The loss's options, as canoe.update reads them ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Variants:
-    """The variants a config turns on, resolved once; CANOE's step asks it for its advantages, the sequences it
-    trains on, the loss's options, the passes per rollout and the rollout itself."""
+    """What `canoe.update` reads from the run: μ, and grpo_loss.grpo_loss's keyword options with the config's ε, β
+    and its pieces resolved from the registries above (CANOE's by default)."""
 
-    reward_weights: Tensor  # (R,) the weight of each configured reward, in the order of cfg.rewards (score's columns)
-    advantages: Callable[[Tensor, Tensor], Tensor]  # (rewards (N,), scores (N, R)) -> (N,): the rule, settings bound
-    kept: Callable[[Tensor, list], Tensor]  # (advantages (N,), N completions) -> (N,) bool: kept_sequences, bound
-    group_size: int  # G
     num_iterations: int  # μ
-    loss: dict  # grpo_loss.grpo_loss's keyword options, its pieces resolved to functions
-    dynamic_sampling_draws: int
+    loss: dict  # grpo_loss.grpo_loss's keyword options
 
     @classmethod
     def create(cls, cfg) -> Variants:
@@ -226,19 +223,4 @@ class Variants:
                 "max_completion_tokens": cfg.max_completion_tokens, "importance_cap": cfg.importance_cap,
                 "aggregation": AGGREGATIONS[cfg.aggregation], "ratio_level": RATIO_LEVELS[cfg.ratio_level],
                 "surrogate_weight": SURROGATE_WEIGHTS[weight]}
-        weights = torch.tensor(list(cfg.rewards.values()), dtype=torch.float32)  # (R,)
-        advantages = functools.partial(ADVANTAGE_RULES[cfg.advantage_rule], weights=weights,
-                                       group_size=cfg.num_generations, eps=cfg.advantage_eps, std=cfg.advantage_std)
-        kept = functools.partial(kept_sequences, group_size=cfg.num_generations, mask_truncated=cfg.mask_truncated,
-                                 skip_zero_variance_groups=cfg.skip_zero_variance_groups)
-        return cls(weights, advantages, kept, cfg.num_generations, cfg.num_iterations, loss,
-                   cfg.dynamic_sampling_draws)
-
-    def zero_variance(self, scores: Tensor) -> Tensor:
-        """`(B,)` bool: the groups whose advantages are all equal, which teach nothing but the KL."""
-        return zero_variance_groups(self.advantages(scores @ self.reward_weights, scores), self.group_size)
-
-    def rollout(self, rollout: Callable) -> Callable:
-        """`rollout` itself, or wrapped in dynamic sampling when `dynamic_sampling_draws` > 0."""
-        draws = self.dynamic_sampling_draws
-        return dynamic_sampling(rollout, draws, self.zero_variance) if draws else rollout
+        return cls(cfg.num_iterations, loss)

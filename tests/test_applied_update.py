@@ -173,7 +173,8 @@ def train_one_step(way: str, model: str) -> dict:
     scores = torch.tensor([REWARDS[i] for b in mine for i in range(b * G, (b + 1) * G)])[:, None]  # (N_rank, 1)
     batch = rollout.Rollout(rows, completions, rollout.Stage2.none(len(completions)), scores)
     run = canoe.Run(cfg, rank, world_size, torch.device("cpu"), None, engine, reference, None, rows, None, None, 1,
-                    Variants.create(cfg), lambda run: batch, NoPush(), Path(tempfile.mkdtemp()))
+                    Variants.create(cfg), NoPush(), Path(tempfile.mkdtemp()))
+    canoe.rollout_batch = lambda run, draw=0: batch  # the step samples and scores this batch
 
     seen = {"micro_batches": 0, "boundaries": 0}
     engine_step = engine.step

@@ -43,13 +43,18 @@ def scripted(monkeypatch):
     monkeypatch.setattr(variants, "all_reduce_values", all_reduce_values)
 
     def make_run(B: int, D: int, other_flat: bool = False):
-        """(the run, its rollout as the set-up chooses it)"""
+        """(the run, its rollout as canoe.train_step draws it)"""
         other_rank_flat[0] = other_flat
         sampler = PromptSampler(8, B, seed=0)
         sampler.epoch_order = lambda epoch: list(range(8))  # file order, so the script reads top to bottom
         cfg = Config(num_generations=G, prompts_per_device=B, dynamic_sampling_draws=D, rewards={"accuracy": 1.0})
         run = SimpleNamespace(cfg=cfg, rows=[{"index": i} for i in range(8)], prompt_sampler=sampler, step=0)
-        return run, variants.Variants.create(cfg).rollout(rollout)
+
+        def sample(run):  # canoe.train_step's first draw, and dynamic sampling when the config turns it on
+            batch = rollout(run)
+            return variants.dynamic_sampling(run, batch, rollout) if run.cfg.dynamic_sampling_draws else batch
+
+        return run, sample
 
     return make_run, draws
 
@@ -110,9 +115,10 @@ def test_a_group_is_flat_when_its_advantages_are_all_equal(rule):
                           # weight 0 gives no advantage
                           "normalize_then_sum": [([1.0, 1.0], [True, True, False]), ([0.0, 1.0], [False, True, False]),
                                                  ([1.0, 0.0], [False, True, True])]}[rule]:
-        chosen = variants.Variants.create(Config(advantage_rule=rule, num_generations=2,
-                                                 rewards={"accuracy": weights[0], "format": weights[1]}))
-        advantages = chosen.advantages(scores @ chosen.reward_weights, scores).reshape(3, 2)  # (B, G)
-        assert chosen.zero_variance(scores).tolist() == flat
+        chosen = Config(advantage_rule=rule, num_generations=2, rewards={"accuracy": weights[0], "format": weights[1]})
+        weights = chosen.reward_weights  # as canoe.train_step computes the advantages
+        advantages = variants.ADVANTAGE_RULES[rule](scores @ weights, scores, weights, 2, chosen.advantage_eps,
+                                                    chosen.advantage_std).reshape(3, 2)  # (B, G)
+        assert variants.flat_groups(scores, chosen).tolist() == flat
         for group, is_flat in enumerate(flat):  # flat: the group's advantages are equal; else they differ
             assert (advantages[group, 0] == advantages[group, 1]) == is_flat

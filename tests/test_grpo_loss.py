@@ -17,7 +17,8 @@ import grpo_loss
 import variants
 from config import Config
 from grpo_loss import group_advantages, grpo_loss as loss_fn, merge_metrics, summarize_metrics, token_logprobs
-from variants import AGGREGATIONS, RATIO_LEVELS, SURROGATE_WEIGHTS, Variants, decoupled_advantages, kept_sequences
+from variants import (ADVANTAGE_RULES, AGGREGATIONS, RATIO_LEVELS, SURROGATE_WEIGHTS, decoupled_advantages,
+                      kept_sequences)
 
 LN2 = math.log(2.0)
 
@@ -512,14 +513,19 @@ def test_skipped_groups_under_normalize_then_sum_are_those_without_advantages():
     advantages = decoupled_advantages(None, per_reward, weights, 4)  # (N,)
     assert advantages[:4].abs().min() > 0.1 and torch.equal(advantages[4:], torch.zeros(4))
     three = {"accuracy": 1.0, "format": 1.0, "influence": 1.0}
-    gdpo = Variants.create(Config(advantage_rule="normalize_then_sum", num_generations=4, rewards=three,
-                                  skip_zero_variance_groups=True))
-    kept = gdpo.kept(gdpo.advantages(per_reward @ weights, per_reward), finished(*[False] * 8))
-    assert torch.equal(kept, torch.tensor([True] * 4 + [False] * 4))
+    def kept_as_the_step_keeps(cfg):  # canoe.train_step's advantages by the config's rule, then its kept sequences
+        rule = ADVANTAGE_RULES[cfg.advantage_rule]
+        advantages = rule(per_reward @ cfg.reward_weights, per_reward, cfg.reward_weights, cfg.num_generations,
+                          cfg.advantage_eps, cfg.advantage_std)
+        return kept_sequences(advantages, finished(*[False] * 8), cfg.num_generations, cfg.mask_truncated,
+                              cfg.skip_zero_variance_groups)
+
+    gdpo = Config(advantage_rule="normalize_then_sum", num_generations=4, rewards=three, skip_zero_variance_groups=True)
+    assert torch.equal(kept_as_the_step_keeps(gdpo), torch.tensor([True] * 4 + [False] * 4))
     # under CANOE's sum_then_normalize both groups have advantages 0 and both leave
     assert torch.equal(grpo_loss.group_advantages(per_reward @ weights, 4), torch.zeros(8))
-    canoe = Variants.create(Config(num_generations=4, rewards=three, skip_zero_variance_groups=True))
-    assert not canoe.kept(canoe.advantages(per_reward @ weights, per_reward), finished(*[False] * 8)).any()
+    canoe = Config(num_generations=4, rewards=three, skip_zero_variance_groups=True)
+    assert not kept_as_the_step_keeps(canoe).any()
 
 
 def test_second_update_of_a_rollout_ratio_and_clip_act():

@@ -228,24 +228,85 @@ READING_MAP = ROOT / "docs" / "reading-map.md"
 MAP_ENTRY = re.compile(r"`([\w/]+(?:\.\w+)+)` \((\d+)\)")
 MAP_COUNTS = re.compile(r"(\d+)\s+functions\s+in\s+(\d+)\s+files,\s+([\d,]+)\s+lines\b.*?"
                         r"at\s+most\s+(\d+)\s+calls\s+below", re.S)
-# Calls from the mapped functions that the map leaves out: machinery a reader need not check, each with what it does.
-NOT_MAPPED = {
-    "plumbing/weight_sync.sleep_engine": "hands vLLM's memory to the trainer",
-    "plumbing/weight_sync.request_kwargs": "names the adapter vLLM applies",
-    "training/metrics.timing": "times a phase",
-    "rollout.request_seed": "a sampling seed",
-    "rollout.prompt_seed": "a sampling seed",
-    "rollout.seeds_per_request": "where the sampling seed goes",
-    "rewards._note": "counts a malformed input",
-    "rewards._debug_log": "DEBUG_MODE's log",
-    "grading/grader.default_grader": "the grader when none is given (the trainer gives one)",
-    "grpo_loss._check_inputs": "checks the arguments' shapes",
-    "canoe.skip_or_stop_on_bad_step": "counts an update DeepSpeed skipped",
-    "plumbing/runtime._on_collective_device": "moves the values to the collective's device",
-    "canoe.load_policy": "loads the weights",
-    "training/preflight.check_fits": "checks the memory",
-    "plumbing/lora.trainable_parameters": "counts parameters for the memory check",
-    "training/optimizer.torch_adam_params": "picks torch's AdamW kernel",
+# What a learner must open to check the step: the reading map's table stays within these (functions, lines from
+# each `def` to its last line, calls below `train_step`). A ratchet, as the line budget is.
+MAP_LIMITS = {"functions": 35, "lines": 450, "depth": 4}
+# Calls from the mapped functions that the map leaves out: machinery a reader need not open, each with its contract
+# (what it guarantees, which the map's Machinery section states too) and the test that holds it.
+MACHINERY = {
+    "variants.dynamic_sampling": (
+        "DAPO's, off by default: each group whose advantages are all equal is replaced, in order, by a varied group "
+        "of newly drawn prompts",
+        "tests/test_dynamic_sampling.py::test_flat_groups_are_replaced_in_order_by_varied_groups_of_new_draws"),
+    "plumbing/weight_sync.sleep_engine": (
+        "vLLM's memory goes to the trainer until the push wakes the engine (CUDA sleep mode only)",
+        "tests/test_sleep_order.py::test_the_engine_sleeps_while_the_trainer_trains"),
+    "data.render_prompt": (
+        "a problem as a prompt of the chat template, with the system prompt and example of stage 1's prompts",
+        "tests/test_data.py::test_render_prompt_contains_system_and_user_and_ends_with_generation_prompt"),
+    "rollout.request_seed": ("a stable seed from the run seed, stage, step and rank",
+                             "tests/test_rollout.py::test_request_seed_is_stable_and_distinct"),
+    "rollout.prompt_seed": ("each prompt's seed within a draw, which vLLM's int64 seeds hold",
+                            "tests/test_rollout.py::test_prompt_seeds_fit_vllm_and_the_cpu_path_sends_none"),
+    "rollout.seeds_per_request": (
+        "the seed goes with each request on CUDA and into torch's generator on the CPU",
+        "tests/test_rollout.py::test_on_cuda_every_request_carries_its_own_seed_so_ranks_differ_and_a_resume_redraws"),
+    "plumbing/weight_sync.request_kwargs": (
+        "every request names the LoRA adapter vLLM applies, where it applies one",
+        "tests/test_push_check.py::"
+        "test_the_adapter_push_lands_under_a_new_id_after_the_weights_wake_and_every_request_names_it"),
+    "grading/tags.tag_content": ("the first `<tag>…</tag>` section's content, stripped; None without one",
+                                 "tests/test_tags.py::test_tag_content_is_the_regex"),
+    "grading/tags.replace_content": ("the text with that content replaced, literally; None without the section",
+                                     "tests/test_tags.py::test_replace_content_is_the_regex"),
+    "rewards._entries": ("the completions as a list; None, counted, when they are not one",
+                         "tests/test_rewards.py::test_malformed_inputs_score_zero_and_are_counted"),
+    "rewards._texts": ("each completion's text; None, counted, where it is not a list of chat messages",
+                       "tests/test_rewards.py::test_malformed_inputs_score_zero_and_are_counted"),
+    "rewards._completion_text": ("a completion's text; None where it is not a list of chat messages",
+                                 "tests/test_rewards.py::test_hostile_inputs_give_zero_and_never_raise"),
+    "rewards._column": ("a dataset column as one value per completion, padded with None and counted if short",
+                        "tests/test_rewards.py::test_malformed_inputs_score_zero_and_are_counted"),
+    "rewards._problem_text": ("the prompt's text: the string itself or the chat's user message",
+                              "tests/test_rewards.py::test_length_extra"),
+    "rewards._note": ("counts a malformed input in REWARD_ISSUES",
+                      "tests/test_rewards.py::test_malformed_inputs_score_zero_and_are_counted"),
+    "rewards._debug_log": ("DEBUG_MODE's log of each sample; never raises", "tests/test_rewards.py::test_debug_log"),
+    "grading/grader.default_grader": ("the grader when none is given (the trainer gives one)",
+                                      "tests/test_rewards.py::test_trainer_kwargs_are_accepted"),
+    "training/metrics.timing": ("adds the phase's seconds to the step's `time/` metrics",
+                                "tests/test_train.py::test_one_rank_zero2"),
+    "training/packing.pack_micro_batch": (
+        "the micro-batch in one row, each prompt once; `completion_mask` (M, C) is 1 exactly on each completion's "
+        "tokens",
+        "tests/test_packing.py::test_micro_batch_groups_consecutive_equal_prompts"),
+    "plumbing/runtime.all_reduce_values": (
+        "the element-wise sum (or the op's reduction) over every rank",
+        "tests/test_collectives.py::test_counts_are_summed_and_rates_averaged_over_ranks"),
+    "plumbing/lora.adapters_disabled": (
+        "under LoRA the policy with its adapters off, π_ref; any other model as it is",
+        "tests/test_lora.py::test_the_reference_is_the_base_model_with_the_adapters_disabled"),
+    "grpo_loss.completion_logprobs": (
+        "on a packed micro-batch, `plain_completion_logprobs` of each sequence alone, in values and gradients",
+        "tests/test_plain_logprobs.py::test_the_packed_path_equals_the_plain_one_in_values_and_gradients"),
+    "canoe.skip_or_stop_on_bad_step": (
+        "counts an update DeepSpeed skipped, and stops the run after `max_bad_steps` in a row",
+        "tests/test_nonfinite_skip.py::test_a_nonfinite_step_is_skipped_in_bfloat16_and_max_bad_steps_acts"),
+    "grpo_loss._check_inputs": ("an error that names the argument of the wrong shape",
+                                "tests/test_grpo_loss.py::test_grpo_loss_errors"),
+}
+# Machinery reached through what set-up built, which ast cannot resolve: the same contract and test.
+MACHINERY_THROUGH_SET_UP = {
+    "training/push.WeightPush.__call__": (
+        "the trained weights are in vLLM: the probe's log-probabilities match the trainer's, or the run stops",
+        "tests/test_sleep_order.py::test_the_step_pushes_only_into_an_awake_engine"),
+    "grading/grader.MathGrader.equivalent_batch": (
+        "True where the spans are equal strings or CANOE's math_equal proves them equal; False past the deadline",
+        "tests/test_grader.py::test_equivalent_batch_table, "
+        "tests/test_grader.py::test_timeout_falls_back_to_string_match"),
+    "training/optimizer.deepspeed_config": (
+        "AdamW with the config's rate, betas and weight decay (ε = 1e-8), gradients clipped at `max_grad_norm`",
+        "tests/test_config.py::test_the_optimizer_is_torchs_fused_adamw_on_a_gpu_too"),
 }
 
 
@@ -337,15 +398,43 @@ def test_the_reading_map_follows_every_call_it_can_resolve():
     left_out, too_deep = [], []
     for caller, depth in depths.items():
         for callee, nested in repository_calls(caller):
-            if callee not in entries and callee not in NOT_MAPPED:
+            if callee not in entries and callee not in MACHINERY:
                 left_out.append(f"{caller} calls {callee}")
             elif callee in entries and not nested and entries[callee] > depth + 1:
                 too_deep.append(f"{caller} ({depth}) calls {callee} ({entries[callee]})")
     assert not left_out, "neither in the reading map nor machinery:\n" + "\n".join(left_out)
     assert not too_deep, "listed deeper than a call below its caller:\n" + "\n".join(too_deep)
-    for name in NOT_MAPPED:
+    for name in MACHINERY | MACHINERY_THROUGH_SET_UP:
         assert name not in entries, f"{name} is both in the map and named as machinery"
         mapped_function(name)  # it exists
+
+
+def test_the_reading_map_stays_within_its_limits():
+    """What a learner opens to check the step: at most MAP_LIMITS' functions, lines and calls below `train_step`."""
+    entries, _ = reading_map()
+    lines = sum(node.end_lineno - node.lineno + 1 for node in map(mapped_function, entries))
+    figures = {"functions": len(entries), "lines": lines, "depth": max(entries.values())}
+    over = {name: f"{figures[name]} > {limit}" for name, limit in MAP_LIMITS.items() if figures[name] > limit}
+    assert not over, over
+
+
+def test_every_machinery_call_has_a_contract_and_a_test_that_holds_it():
+    """Each machinery call is made from a mapped function (none is named for nothing), the map's Machinery section
+    states its contract with the test that holds it, and that test exists."""
+    entries, _ = reading_map()
+    called = {callee for caller in ["canoe.train_step", *entries] for callee, _ in repository_calls(caller)}
+    unused = [name for name in MACHINERY if name not in called]
+    assert not unused, f"named as machinery but called from no mapped function: {unused}"
+    machinery = " ".join(READING_MAP.read_text().split("\n## Machinery", 1)[1].split())
+    for name, (contract, tests) in (MACHINERY | MACHINERY_THROUGH_SET_UP).items():
+        stated = f"`{name}`: {contract} (" in machinery  # the whole contract, then the call or the test in brackets
+        assert stated, f"the reading map does not state {name}'s contract: {contract}"
+        for test in tests.split(", "):
+            path, function = test.split("::")
+            assert f"`{test}`" in machinery, f"the reading map does not name {test}, which holds {name}'s contract"
+            defined = {node.name for node in ast.parse((ROOT / path).read_text()).body
+                       if isinstance(node, ast.FunctionDef)}
+            assert function in defined, f"{name}'s contract is held by {test}, which does not exist"
 
 
 def scientific(x: float) -> str:

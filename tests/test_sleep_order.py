@@ -187,7 +187,7 @@ def make_run(tmp_path, sleep: bool, policy: torch.nn.Module | None = None,
     grader = SimpleNamespace(timeouts=0, errors=0)  # the counters the step reads; the rewards are fixed_rewards
     push = WeightPush(llm, ([1, 2, 3, 4], [5, 6, 7]), cfg.push_tolerance(torch.float32), cfg.zero_stage, sleep=sleep)
     run = canoe.Run(cfg, 0, 1, torch.device("cpu"), None, engine, None, llm, rows, sampler, grader, 2,
-                    Variants.create(cfg), canoe.rollout_batch, push, tmp_path)
+                    Variants.create(cfg), push, tmp_path)
     return run, llm
 
 
