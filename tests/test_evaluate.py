@@ -315,16 +315,14 @@ def test_a_bfloat16_lora_run_trained_on_a_cpu_is_evaluated_merged_where_cuda_is(
 
 @pytest.mark.parametrize("record", [{"versions": {"torch": "2.11.0", "vllm": "0.32.0"}},  # older: no "pushes"
                                     {"versions": {"vllm": "0.32.0"}, "pushes": "adapter"}])
-def test_a_lora_run_that_pushed_its_adapter_on_a_gpu_is_evaluated_with_it_on_a_cpu(tmp_path, monkeypatch, capsys,
-                                                                                     record):
+def test_a_lora_run_that_pushed_its_adapter_on_a_gpu_is_evaluated_with_it_on_a_cpu(tmp_path, monkeypatch, record):
     """The run's vLLM (CUDA's) applied the adapter (`lora_push = "auto"` in bfloat16 on a GPU): on a CPU, where
-    "auto" would merge, the evaluation applies it too (vLLM's CPU build has LoRA kernels: PunicaWrapperCPU), on the
-    base, in the run's bfloat16, and says that it is slower there; nothing is merged."""
+    "auto" would merge, the evaluation applies it too (vLLM's CPU build has LoRA kernels, PunicaWrapperCPU, slower
+    than a merge), on the base, in the run's bfloat16; nothing is merged."""
     base, policy = trained_checkpoint(tmp_path, "auto", "bfloat16", **record)
     model, kwargs, (request,), merges = evaluated(monkeypatch, policy, cuda=False)
     assert merges == [] and model == str(base) and kwargs["lora_rank"] == 4 and kwargs["dtype"] == "bfloat16"
     assert request.lora_path == str(policy.parent / "adapter")
-    assert "as its run sampled" in capsys.readouterr().out
 
 
 def test_the_runs_recorded_pushes_outweigh_what_its_versions_imply(tmp_path):
