@@ -92,7 +92,8 @@ def setup(cfg: Config, *, resume: bool) -> Run:
     dtype = resolve_dtype(cfg.dtype, say=True)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        write_run_info(cfg, out, world_size, dtype)
+        write_run_info(cfg, out, world_size, dtype,  # how pushes reach vLLM, which evaluation then follows
+                       pushes_adapter=cfg.pushes_adapter(dtype, cuda=device.type == "cuda"))
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     rows, sampler = load_prompts(cfg, tokenizer, rank, world_size)
     total_steps = cfg.max_steps or max(1, math.ceil(cfg.num_epochs * sampler.steps_per_epoch))

