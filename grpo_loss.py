@@ -218,11 +218,12 @@ def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
 
 def plain_completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]],
                               temperature: float = 1.0) -> Tensor:
-    """log π of every completion token, the plain way, to read before the packed path (`completion_logprobs`): each prompt +
-    completion runs through the model alone, π = softmax(logits / `temperature`), gathered at the sampled tokens.
-    Returns `(n, C)`, 0 on padding, as `completion_logprobs` does for the same pairs; the tests hold the two equal
-    in values and gradients. Training uses the packed path: it runs each prompt once for its G completions and
-    never upcasts the `(T, V)` logits whole."""
+    """log π of every completion token, the plain way, to read before the packed path (`completion_logprobs`):
+    each prompt + completion runs through the model alone, π = softmax(logits / `temperature`), gathered at the
+    sampled tokens. Returns `(n, C)` float32, 0 on padding, as `completion_logprobs` does for the same pairs; the tests hold the two
+    equal in values and gradients. The softmax is taken in float64, so that this is the reference: torch's float32
+    `log_softmax` on a CPU with AVX2 alone is off by up to 1e-4 where the packed path's `logsumexp` is not. Training
+    uses the packed path: it runs each prompt once for its G completions and never upcasts the `(T, V)` logits whole."""
     if not all(prompts):
         raise ValueError("empty prompt: a completion needs a position to be predicted from")
     device = next(model.parameters()).device
@@ -231,8 +232,8 @@ def plain_completion_logprobs(model, prompts: list[list[int]], completions: list
     for prompt, completion in zip(prompts, completions, strict=True):
         ids = torch.tensor([[*prompt, *completion]], device=device)  # (1, P + c)
         logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1]  # (c, V): t predicts t + 1
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (c, V)
-        picked = logp.gather(-1, ids[0, len(prompt):, None])[:, 0]  # (c,)
+        logp = torch.log_softmax(logits.double() / temperature, dim=-1)  # (c, V)
+        picked = logp.gather(-1, ids[0, len(prompt):, None])[:, 0].float()  # (c,)
         rows.append(torch.nn.functional.pad(picked, (0, C - len(completion))))  # (C,)
     return torch.stack(rows)  # (n, C)
 

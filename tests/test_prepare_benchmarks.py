@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -246,13 +247,15 @@ def test_make_benchmarks_needs_no_model(tmp_path):
     nothing first; NQ-Swap builds the environment (for pyarrow) but no model."""
     for name in ("Makefile", "requirements.txt"):
         shutil.copy(ROOT / name, tmp_path / name)
+    # Under `make test` the outer make's level would have this one print "Entering directory" lines.
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     plain = subprocess.run(["make", "-n", "benchmarks", "FOLLOWRAG=f.json", "CONFIQA=ConFiQA"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, env=env)
     assert plain.returncode == 0, plain.stderr
     assert [" ".join(line.split()) for line in plain.stdout.replace("\\\n", " ").splitlines()] == [
         "python3 scripts/prepare_benchmarks.py --out runs/benchmarks --followrag f.json --confiqa ConFiQA"]
     nqswap = subprocess.run(["make", "-n", "benchmarks", "NQSWAP=dev.parquet"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=60, env=env)
     assert nqswap.returncode == 0, nqswap.stderr
     commands = nqswap.stdout.splitlines()
     assert any("pip install -q -r requirements.txt" in line for line in commands)  # the environment, for pyarrow
