@@ -218,12 +218,11 @@ def summarize_metrics(totals: dict[str, Tensor]) -> dict[str, float]:
 
 def plain_completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]],
                               temperature: float = 1.0) -> Tensor:
-    """log π of every completion token, the plain way, to read before the packed path (`completion_logprobs`):
-    each prompt + completion runs through the model alone, π = softmax(logits / `temperature`), gathered at the
-    sampled tokens. Returns `(n, C)` float32, 0 on padding, as `completion_logprobs` does for the same pairs; the tests hold the two
-    equal in values and gradients. The softmax is taken in float64, so that this is the reference: torch's float32
-    `log_softmax` on a CPU with AVX2 alone is off by up to 1e-4 where the packed path's `logsumexp` is not. Training
-    uses the packed path: it runs each prompt once for its G completions and never upcasts the `(T, V)` logits whole."""
+    """log π of every completion token, the plain way, to read before the packed path (`completion_logprobs`): each
+    prompt + completion through the model alone, π = softmax(logits / `temperature`) in float64 (the reference: float32
+    `log_softmax` on an AVX2-only CPU is 1e-4 off), gathered at the sampled tokens. Returns `(n, C)` float32, 0 on
+    padding, as `completion_logprobs` does; the tests hold the two equal in values and gradients. Training uses the
+    packed path: each prompt runs once for its G completions, and the `(T, V)` logits are never upcast whole."""
     if not all(prompts):
         raise ValueError("empty prompt: a completion needs a position to be predicted from")
     device = next(model.parameters()).device
