@@ -46,7 +46,7 @@ from grading.grader import MathGrader
 from plumbing import checkpoint, lora, weight_sync
 from plumbing.runtime import (all_reduce_values, broadcast_values, init_distributed, print0, resolve_dtype, route_logs,
                               stop_together)
-from training import cli, explain, packing, preflight
+from training import cli, packing, preflight
 from training.metrics import RunLog, Step, step_metrics, timing, truncate_log, write_run_info
 from training.optimizer import deepspeed_config, lr_schedule
 from training.push import WeightPush
@@ -407,7 +407,7 @@ def loop(run: Run) -> None:
         log.metrics(metrics)
         if cfg.sample_every and run.step % cfg.sample_every == 0:
             log.samples(run.step, run.last_step, G=cfg.num_generations)
-            log.trace(explain.record(run, run.last_step, metrics))
+            log.trace(run, run.last_step, metrics)
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward/total']:.2f}", kl=f"{metrics['loss/kl']:.4f}",
                         len=f"{metrics['completion/length_mean']:.0f}", s=f"{metrics['time/step']:.1f}")

@@ -104,7 +104,7 @@ def test_no_import_cycle():
 # The line budget, as tinygrad keeps its own: the references a reader holds this code against do GRPO with vLLM and
 # DeepSpeed in under 2,000 lines. It counts lines of code: a blank line, a comment or a docstring costs nothing, so
 # prose is written for its reader, never for the counter. A ratchet: lowered as code leaves, raised only on purpose.
-BUDGET = {"Python outside tests/ and bench/": 4763, "the card's five files": 1056, "canoe.py": 302}
+BUDGET = {"Python outside tests/ and bench/": 4764, "the card's five files": 1056, "canoe.py": 302}
 CARD_FILES = ("canoe.py", "rollout.py", "rewards.py", "grpo_loss.py", "data.py")
 MAX_FUNCTION_LINES = 60
 MAX_STEP_LINES = 45

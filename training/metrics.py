@@ -30,6 +30,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from grpo_loss import METRIC_REDUCTIONS, merge_metrics, summarize_metrics, zero_variance_groups
 from plumbing.runtime import all_reduce_values, reduce_over_ranks
+from training import explain
 
 
 def write_run_info(cfg, out: Path, world_size: int, dtype, *, pushes_adapter: bool | None = None) -> None:
@@ -190,11 +191,11 @@ class RunLog:
                     "reward": float(step.rewards[i]), "advantage": float(step.advantages[i]),
                 }) + "\n")
 
-    def trace(self, trace: dict) -> None:
-        """A line of trace.jsonl: one prompt of the step, token by token (training/explain.py)."""
+    def trace(self, run, step: Step, metrics: dict[str, float]) -> None:
+        """A line of trace.jsonl: one prompt of the step, token by token (`explain.record`, built on rank 0 alone)."""
         if self.enabled:
             with open(self.out / "trace.jsonl", "a") as f:
-                f.write(json.dumps(trace) + "\n")
+                f.write(json.dumps(explain.record(run, step, metrics)) + "\n")
 
     def close(self) -> None:
         if self.tensorboard:
